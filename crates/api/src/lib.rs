@@ -1,0 +1,138 @@
+//! The UI contract: commands the UI may call and the JSON shapes they return.
+//!
+//! Both transports carry exactly these types: the Tauri shell through `invoke(COMMAND, args)`
+//! and the headless server through `POST /api/COMMAND` with `args` as the JSON body. Errors
+//! cross either transport as [`ApiError`] (`{code, message}`), so the UI has one error path.
+//!
+//! This crate is deliberately tiny and dependency-free beyond serde: it is compiled to wasm
+//! for the UI and natively for everything else.
+
+use serde::{Deserialize, Serialize};
+
+/// Command name: the live fleet table and TTFT chart data. Args: [`FleetSnapshotArgs`].
+pub const CMD_FLEET_SNAPSHOT: &str = "fleet_snapshot";
+
+/// Arguments of [`CMD_FLEET_SNAPSHOT`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FleetSnapshotArgs {
+    /// How far back the chart series reach, in seconds.
+    pub window_s: u32,
+}
+
+impl Default for FleetSnapshotArgs {
+    fn default() -> Self {
+        Self { window_s: 300 }
+    }
+}
+
+/// Everything the fleet view draws, as of one instant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetSnapshot {
+    /// Wall-clock time the snapshot was taken, in Unix milliseconds.
+    pub now_ms: i64,
+    /// One row per watched replica, in a stable order (the order they were added).
+    pub replicas: Vec<ReplicaRow>,
+    /// TTFT p95 per replica over the requested window, oldest point first.
+    pub ttft_p95: Vec<Series>,
+}
+
+/// The live state of one replica as the scraper last saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaRow {
+    /// The metrics endpoint, which is also the replica's identity in the UI.
+    pub url: String,
+    /// Detected serving engine (`vllm`, `sglang`, ...), `None` until the first good scrape.
+    pub engine: Option<String>,
+    /// Served model name, from the engine's labels.
+    pub model: Option<String>,
+    /// Signals from the last good scrape; `None` means "not provided" or "not yet known".
+    pub signals: Signals,
+    /// Health of the scrape itself.
+    pub scrape: ScrapeState,
+}
+
+/// Normalised per-replica signals. Rates and quantiles are over the last scrape interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Signals {
+    /// Requests waiting for admission.
+    pub queue_depth: Option<f64>,
+    /// Requests in the running batch.
+    pub running: Option<f64>,
+    /// KV-cache usage, 0..=1.
+    pub kv_usage: Option<f64>,
+    /// Prefix-cache hits / queries (tokens) between the last two scrapes.
+    pub hit_rate: Option<f64>,
+    /// TTFT median over the requests that finished prefill between the last two scrapes.
+    pub ttft_p50_s: Option<f64>,
+    /// TTFT 95th percentile, same window.
+    pub ttft_p95_s: Option<f64>,
+}
+
+/// Whether the replica's metrics endpoint answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ScrapeState {
+    /// Not scraped yet.
+    Pending,
+    /// The last scrape succeeded.
+    Ok { last_good_ms: i64 },
+    /// The last scrape failed; the row keeps the signals of the last good one.
+    Error {
+        message: String,
+        /// When the last good scrape happened, if ever.
+        last_good_ms: Option<i64>,
+    },
+}
+
+/// One replica's time series.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    pub url: String,
+    /// `(unix_ms, value)` pairs, oldest first.
+    pub points: Vec<(i64, f64)>,
+}
+
+/// An error as the UI receives it: a stable machine-readable code and a sentence for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Stable, snake_case (e.g. `bad_request`, `unknown_command`, `internal`).
+    pub code: String,
+    /// What went wrong and how to fix it.
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { code: code.into(), message: message.into() }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrape_state_is_tagged_for_the_ui() {
+        let err = ScrapeState::Error { message: "timed out".into(), last_good_ms: Some(5) };
+        let json = serde_json::to_value(&err).unwrap();
+        assert_eq!(json["state"], "error");
+        assert_eq!(json["last_good_ms"], 5);
+        let back: ScrapeState = serde_json::from_value(json).unwrap();
+        assert_eq!(back, err);
+    }
+
+    #[test]
+    fn snapshot_args_default_to_five_minutes() {
+        let args: FleetSnapshotArgs = serde_json::from_str(r#"{"window_s": 60}"#).unwrap();
+        assert_eq!(args.window_s, 60);
+        assert_eq!(FleetSnapshotArgs::default().window_s, 300);
+    }
+}

@@ -1,0 +1,654 @@
+//! The engine: replica state, the observe calls that change it, and `pick`, which only reads it.
+//!
+//! State changes happen only in the `&mut self` observe calls. `pick` takes `&self`, so a pick never hides
+//! a change: where a policy learns from its own decisions, it does so in [`Engine::on_routed`]:
+//! - `round_robin` advances its turn to the replica named in `on_routed`;
+//! - `cache_aware_approx` (and `weighted_scorers` with `prefix_source: routed`) inserts the routed
+//!   prompt's blocks into the approximate index for that replica;
+//! - every policy counts the request as outstanding on that replica until `on_completed`.
+//!
+//! [`Engine::route`] is `pick` followed by `on_routed` for callers that want both under one lock.
+
+mod cache_aware;
+mod load_based;
+mod ring;
+pub(crate) use ring::chwbl_bound;
+
+use std::collections::BTreeMap;
+
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+use crate::decision::{Branch, CandidateExplanation, Decision, ObserveError, PickError};
+use crate::kv_event::{KvEvent, Medium};
+use crate::prefix_index::PrefixIndex;
+use crate::replica::ReplicaId;
+use crate::request::{RequestId, RequestView};
+use crate::spec::{PolicySpec, PrefixSource, ResolvedPolicy, SpecError};
+
+/// Index bound per replica for the KV-event index when the policy does not set one.
+const DEFAULT_KV_BLOCKS_PER_REPLICA: usize = 1 << 22;
+/// Index bound per replica for the routed index when the policy does not set one.
+const DEFAULT_ROUTED_BLOCKS_PER_REPLICA: usize = 1 << 20;
+
+/// Load figures a replica reports (scraped metrics), used by `weighted_scorers`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaMetrics {
+    /// Requests waiting in the replica's queue.
+    pub queue_depth: u32,
+    /// Requests the replica is running.
+    pub running: u32,
+    /// KV-cache usage, 0 to 1.
+    pub kv_usage: f64,
+}
+
+/// A snapshot of one replica's state, for display.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    /// The replica.
+    pub replica: ReplicaId,
+    /// Whether it is healthy.
+    pub healthy: bool,
+    /// Requests routed to it and not completed.
+    pub outstanding: u64,
+    /// Prompt tokens of its requests still in prefill.
+    pub prefill_tokens: u64,
+    /// Estimated blocks still to prefill for its requests.
+    pub active_prefill_blocks: u64,
+    /// Blocks of its requests in decode.
+    pub active_decode_blocks: u64,
+    /// Latest reported metrics and when they were set.
+    pub metrics: Option<(ReplicaMetrics, u64)>,
+    /// KV events received from it.
+    pub kv_events: u64,
+    /// Blocks the routed (approximate) index attributes to it.
+    pub routed_index_blocks: usize,
+    /// Blocks its KV events say it holds, per medium (GPU, CPU, disk).
+    pub kv_blocks: [usize; 3],
+}
+
+#[derive(Clone, Debug)]
+struct ReplicaState {
+    id: ReplicaId,
+    healthy: bool,
+    outstanding: u64,
+    prefill_tokens: u64,
+    active_prefill_blocks: u64,
+    active_decode_blocks: u64,
+    metrics: Option<(ReplicaMetrics, u64)>,
+    kv_events: u64,
+}
+
+impl ReplicaState {
+    fn new(id: ReplicaId) -> Self {
+        Self {
+            id,
+            healthy: true,
+            outstanding: 0,
+            prefill_tokens: 0,
+            active_prefill_blocks: 0,
+            active_decode_blocks: 0,
+            metrics: None,
+            kv_events: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ActiveRequest {
+    replica: ReplicaId,
+    prompt_tokens: u64,
+    /// Blocks the replica had to prefill (not cached there when routed).
+    prefill_blocks: u64,
+    prompt_blocks: u64,
+    in_decode: bool,
+    routed_at_ms: u64,
+}
+
+/// The routing-policy engine. See the module docs for the state rules.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    spec: PolicySpec,
+    policy: ResolvedPolicy,
+    /// Replica state by slot; a slot is also the replica's location in the indexes. Freed slots are reused.
+    slots: Vec<Option<ReplicaState>>,
+    slot_of: BTreeMap<ReplicaId, u32>,
+    /// Fed by `on_routed` when the policy learns from its own decisions.
+    routed_index: PrefixIndex,
+    /// Fed by KV events, one per medium.
+    kv_indexes: [PrefixIndex; 3],
+    requests: BTreeMap<RequestId, ActiveRequest>,
+    last_routed_slot: Option<u32>,
+    /// Consistent-hash ring: sorted (point, slot).
+    ring: Vec<(u64, u32)>,
+}
+
+impl Engine {
+    /// An engine running `spec` over `replicas` (duplicates are ignored), all healthy and idle.
+    pub fn new(spec: PolicySpec, replicas: &[ReplicaId]) -> Result<Self, SpecError> {
+        let policy = spec.resolve()?;
+        let mut engine = Self {
+            spec,
+            policy,
+            slots: Vec::new(),
+            slot_of: BTreeMap::new(),
+            routed_index: PrefixIndex::new(DEFAULT_ROUTED_BLOCKS_PER_REPLICA),
+            kv_indexes: std::array::from_fn(|_| PrefixIndex::new(DEFAULT_KV_BLOCKS_PER_REPLICA)),
+            requests: BTreeMap::new(),
+            last_routed_slot: None,
+            ring: Vec::new(),
+        };
+        engine.apply_capacities();
+        for replica in replicas {
+            engine.insert_replica(*replica);
+        }
+        engine.rebuild_ring();
+        Ok(engine)
+    }
+
+    /// The spec in force.
+    pub fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+
+    /// The typed policy in force.
+    pub fn policy(&self) -> &ResolvedPolicy {
+        &self.policy
+    }
+
+    /// Switches to another spec, keeping replicas, loads, outstanding requests and both indexes, so a
+    /// policy change does not forget what the fleet has cached.
+    pub fn reconfigure(&mut self, spec: PolicySpec) -> Result<(), SpecError> {
+        self.policy = spec.resolve()?;
+        self.spec = spec;
+        self.apply_capacities();
+        self.rebuild_ring();
+        Ok(())
+    }
+
+    fn apply_capacities(&mut self) {
+        let (routed, kv) = match &self.policy {
+            ResolvedPolicy::CacheAwareApprox(p) => (p.max_blocks_per_replica, DEFAULT_KV_BLOCKS_PER_REPLICA),
+            ResolvedPolicy::KvPrecise(p) => (DEFAULT_ROUTED_BLOCKS_PER_REPLICA, p.max_blocks_per_replica),
+            ResolvedPolicy::WeightedScorers(p) => match p.prefix_source {
+                PrefixSource::Routed => (p.max_blocks_per_replica, DEFAULT_KV_BLOCKS_PER_REPLICA),
+                PrefixSource::KvEvents => (DEFAULT_ROUTED_BLOCKS_PER_REPLICA, p.max_blocks_per_replica),
+            },
+            _ => (DEFAULT_ROUTED_BLOCKS_PER_REPLICA, DEFAULT_KV_BLOCKS_PER_REPLICA),
+        };
+        if self.routed_index.capacity_per_location() != routed {
+            self.routed_index.set_capacity_per_location(routed);
+        }
+        for index in &mut self.kv_indexes {
+            if index.capacity_per_location() != kv {
+                index.set_capacity_per_location(kv);
+            }
+        }
+    }
+
+    /// Whether `on_routed` feeds the routed index under the current policy.
+    fn learns_from_routing(&self) -> bool {
+        match &self.policy {
+            ResolvedPolicy::CacheAwareApprox(_) => true,
+            ResolvedPolicy::WeightedScorers(p) => p.prefix_source == PrefixSource::Routed,
+            _ => false,
+        }
+    }
+
+    /// Replicas in the engine's order (slot order, the order explanations list them).
+    pub fn replicas(&self) -> Vec<ReplicaId> {
+        self.slots.iter().flatten().map(|state| state.id).collect()
+    }
+
+    /// A snapshot of one replica.
+    pub fn replica_status(&self, replica: ReplicaId) -> Option<ReplicaStatus> {
+        let slot = *self.slot_of.get(&replica)?;
+        let state = self.slots.get(slot as usize)?.as_ref()?;
+        Some(ReplicaStatus {
+            replica,
+            healthy: state.healthy,
+            outstanding: state.outstanding,
+            prefill_tokens: state.prefill_tokens,
+            active_prefill_blocks: state.active_prefill_blocks,
+            active_decode_blocks: state.active_decode_blocks,
+            metrics: state.metrics,
+            kv_events: state.kv_events,
+            routed_index_blocks: self.routed_index.blocks_at(slot),
+            kv_blocks: std::array::from_fn(|medium| self.kv_indexes[medium].blocks_at(slot)),
+        })
+    }
+
+    /// The routed (approximate) index, for inspection.
+    pub fn routed_index(&self) -> &PrefixIndex {
+        &self.routed_index
+    }
+
+    /// The KV-event index of one medium, for inspection.
+    pub fn kv_index(&self, medium: Medium) -> &PrefixIndex {
+        &self.kv_indexes[medium.index()]
+    }
+
+    /// Requests routed and not yet completed.
+    pub fn outstanding_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    fn insert_replica(&mut self, replica: ReplicaId) -> bool {
+        if self.slot_of.contains_key(&replica) {
+            return false;
+        }
+        let slot = match self.slots.iter().position(Option::is_none) {
+            Some(free) => {
+                self.slots[free] = Some(ReplicaState::new(replica));
+                free
+            }
+            None => {
+                self.slots.push(Some(ReplicaState::new(replica)));
+                self.slots.len() - 1
+            }
+        };
+        self.slot_of.insert(replica, slot as u32);
+        true
+    }
+
+    /// Adds a healthy, idle replica; returns false if it was already there.
+    pub fn add_replica(&mut self, replica: ReplicaId) -> bool {
+        let added = self.insert_replica(replica);
+        if added {
+            self.rebuild_ring();
+        }
+        added
+    }
+
+    /// Removes a replica and everything indexed for it; its outstanding requests are forgotten when they
+    /// complete. Returns false if it was not there.
+    pub fn remove_replica(&mut self, replica: ReplicaId) -> bool {
+        let Some(slot) = self.slot_of.remove(&replica) else {
+            return false;
+        };
+        self.slots[slot as usize] = None;
+        self.routed_index.clear_location(slot);
+        for index in &mut self.kv_indexes {
+            index.clear_location(slot);
+        }
+        // `last_routed_slot` may still name the freed slot: round robin simply continues after it.
+        self.rebuild_ring();
+        true
+    }
+
+    fn state_mut(&mut self, replica: ReplicaId) -> Result<(u32, &mut ReplicaState), ObserveError> {
+        let slot = *self.slot_of.get(&replica).ok_or(ObserveError::UnknownReplica(replica))?;
+        let state = self.slots[slot as usize].as_mut().ok_or(ObserveError::UnknownReplica(replica))?;
+        Ok((slot, state))
+    }
+
+    /// Marks a replica healthy or not; unhealthy replicas are never picked but keep their state.
+    pub fn set_health(&mut self, replica: ReplicaId, healthy: bool) -> Result<(), ObserveError> {
+        self.state_mut(replica)?.1.healthy = healthy;
+        Ok(())
+    }
+
+    /// Records a replica's reported metrics, stamped with `now_ms`.
+    pub fn set_metrics(
+        &mut self,
+        replica: ReplicaId,
+        metrics: ReplicaMetrics,
+        now_ms: u64,
+    ) -> Result<(), ObserveError> {
+        self.state_mut(replica)?.1.metrics = Some((metrics, now_ms));
+        Ok(())
+    }
+
+    /// Records that request `request` was sent to `replica` (see the module docs for what each policy learns).
+    pub fn on_routed(
+        &mut self,
+        request: RequestId,
+        replica: ReplicaId,
+        view: &RequestView,
+        now_ms: u64,
+    ) -> Result<(), ObserveError> {
+        if self.requests.contains_key(&request) {
+            return Err(ObserveError::DuplicateRequest(request));
+        }
+        let learns = self.learns_from_routing();
+        let cached_index = match &self.policy {
+            ResolvedPolicy::KvPrecise(_) => &self.kv_indexes[Medium::Gpu.index()],
+            ResolvedPolicy::WeightedScorers(p) if p.prefix_source == PrefixSource::KvEvents => {
+                &self.kv_indexes[Medium::Gpu.index()]
+            }
+            _ => &self.routed_index,
+        };
+        let slot = *self.slot_of.get(&replica).ok_or(ObserveError::UnknownReplica(replica))?;
+        let cached = cached_index.match_location(slot, &view.block_hashes) as u64;
+        let prompt_blocks = view.block_hashes.len() as u64;
+        let prefill_blocks = prompt_blocks.saturating_sub(cached);
+        let (slot, state) = self.state_mut(replica)?;
+        state.outstanding += 1;
+        state.prefill_tokens += u64::from(view.prompt_tokens);
+        state.active_prefill_blocks += prefill_blocks;
+        self.requests.insert(
+            request,
+            ActiveRequest {
+                replica,
+                prompt_tokens: u64::from(view.prompt_tokens),
+                prefill_blocks,
+                prompt_blocks,
+                in_decode: false,
+                routed_at_ms: now_ms,
+            },
+        );
+        if learns {
+            self.routed_index.insert(slot, &view.block_hashes);
+        }
+        self.last_routed_slot = Some(slot);
+        Ok(())
+    }
+
+    /// Records that a request produced its first token: its prefill load becomes decode load.
+    pub fn on_first_token(&mut self, request: RequestId, _now_ms: u64) -> Result<(), ObserveError> {
+        let active = self.requests.get_mut(&request).ok_or(ObserveError::UnknownRequest(request))?;
+        if active.in_decode {
+            return Ok(());
+        }
+        active.in_decode = true;
+        let active = active.clone();
+        if let Ok((_, state)) = self.state_mut(active.replica) {
+            state.prefill_tokens = state.prefill_tokens.saturating_sub(active.prompt_tokens);
+            state.active_prefill_blocks = state.active_prefill_blocks.saturating_sub(active.prefill_blocks);
+            state.active_decode_blocks += active.prompt_blocks;
+        }
+        Ok(())
+    }
+
+    /// Records that a request finished (successfully or not); its load leaves the replica.
+    pub fn on_completed(&mut self, request: RequestId, _now_ms: u64) -> Result<(), ObserveError> {
+        let active = self.requests.remove(&request).ok_or(ObserveError::UnknownRequest(request))?;
+        self.release(&active);
+        Ok(())
+    }
+
+    fn release(&mut self, active: &ActiveRequest) {
+        // A request outliving its replica just disappears with it.
+        if let Ok((_, state)) = self.state_mut(active.replica) {
+            state.outstanding = state.outstanding.saturating_sub(1);
+            if active.in_decode {
+                state.active_decode_blocks = state.active_decode_blocks.saturating_sub(active.prompt_blocks);
+            } else {
+                state.prefill_tokens = state.prefill_tokens.saturating_sub(active.prompt_tokens);
+                state.active_prefill_blocks =
+                    state.active_prefill_blocks.saturating_sub(active.prefill_blocks);
+            }
+        }
+    }
+
+    /// Completes every request routed more than `max_age_ms` before `now_ms`, so a lost completion
+    /// (a dropped connection, a crashed handler) cannot leave load behind forever. Returns how many.
+    pub fn expire_requests(&mut self, now_ms: u64, max_age_ms: u64) -> usize {
+        let expired: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, active)| now_ms.saturating_sub(active.routed_at_ms) > max_age_ms)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &expired {
+            if let Some(active) = self.requests.remove(id) {
+                self.release(&active);
+            }
+        }
+        expired.len()
+    }
+
+    /// Applies one KV event from `replica`; returns how many blocks changed.
+    pub fn on_kv_event(
+        &mut self,
+        replica: ReplicaId,
+        event: &KvEvent,
+        _now_ms: u64,
+    ) -> Result<usize, ObserveError> {
+        let (slot, state) = self.state_mut(replica)?;
+        state.kv_events += 1;
+        Ok(match event {
+            KvEvent::Stored { medium, block_hashes } => {
+                self.kv_indexes[medium.index()].insert(slot, block_hashes).added
+            }
+            KvEvent::Removed { medium, block_hashes } => {
+                self.kv_indexes[medium.index()].remove(slot, block_hashes)
+            }
+            KvEvent::AllCleared { medium: Some(medium) } => {
+                self.kv_indexes[medium.index()].clear_location(slot)
+            }
+            KvEvent::AllCleared { medium: None } => {
+                self.kv_indexes.iter_mut().map(|index| index.clear_location(slot)).sum()
+            }
+        })
+    }
+
+    /// `pick` then `on_routed` for the chosen replica, as one step.
+    pub fn route<R: RngCore + ?Sized>(
+        &mut self,
+        request: RequestId,
+        view: &RequestView,
+        now_ms: u64,
+        rng: &mut R,
+    ) -> Result<Decision, PickError> {
+        if self.requests.contains_key(&request) {
+            return Err(PickError::DuplicateRequest(request));
+        }
+        let decision = self.pick(view, now_ms, rng)?;
+        self.on_routed(request, decision.replica, view, now_ms)
+            .map_err(|_| PickError::DuplicateRequest(request))?;
+        Ok(decision)
+    }
+
+    /// Chooses a healthy replica for `view` and explains why. Reads state only; the same state, inputs
+    /// and random stream give the same decision.
+    pub fn pick<R: RngCore + ?Sized>(
+        &self,
+        view: &RequestView,
+        now_ms: u64,
+        rng: &mut R,
+    ) -> Result<Decision, PickError> {
+        let mut pick = PickInProgress::new(self, view)?;
+        match &self.policy {
+            ResolvedPolicy::RoundRobin => load_based::round_robin(self, &mut pick),
+            ResolvedPolicy::Random => load_based::random(&mut pick, rng),
+            ResolvedPolicy::LeastLoad(p) => load_based::least_load(&mut pick, p.load_metric),
+            ResolvedPolicy::PowerOfTwo(p) => load_based::power_of_two(&mut pick, p.load_metric, rng),
+            ResolvedPolicy::ConsistentHash(p) => ring::consistent_hash(self, &mut pick, p, view),
+            ResolvedPolicy::CacheAwareApprox(p) => cache_aware::approx(self, &mut pick, p, view),
+            ResolvedPolicy::KvPrecise(p) => cache_aware::precise(self, &mut pick, p, view, rng),
+            ResolvedPolicy::WeightedScorers(p) => cache_aware::weighted(self, &mut pick, p, view, now_ms),
+        }
+        Ok(pick.finish(self.policy.name(), view))
+    }
+
+    fn rebuild_ring(&mut self) {
+        self.ring = match &self.policy {
+            ResolvedPolicy::ConsistentHash(p) => ring::build(&self.slots, p.virtual_nodes),
+            _ => Vec::new(),
+        };
+    }
+}
+
+/// The candidates of one pick, filled in by the policy, then turned into a [`Decision`].
+struct PickInProgress {
+    /// Slot of each candidate (parallel to `candidates`).
+    slots: Vec<u32>,
+    candidates: Vec<CandidateExplanation>,
+    /// Positions (into `candidates`) of healthy candidates, in order.
+    healthy: Vec<usize>,
+    /// Candidate position of each slot (`usize::MAX` for free slots).
+    position_by_slot: Vec<usize>,
+    chosen: usize,
+    branch: Branch,
+    reason: String,
+    notes: Vec<String>,
+}
+
+impl PickInProgress {
+    fn new(engine: &Engine, _view: &RequestView) -> Result<Self, PickError> {
+        let mut slots = Vec::with_capacity(engine.slots.len());
+        let mut candidates = Vec::with_capacity(engine.slots.len());
+        let mut healthy = Vec::with_capacity(engine.slots.len());
+        let mut position_by_slot = vec![usize::MAX; engine.slots.len()];
+        for (slot, state) in engine.slots.iter().enumerate() {
+            let Some(state) = state else { continue };
+            position_by_slot[slot] = candidates.len();
+            if state.healthy {
+                healthy.push(candidates.len());
+            }
+            slots.push(slot as u32);
+            candidates.push(CandidateExplanation {
+                replica: state.id,
+                healthy: state.healthy,
+                eligible: state.healthy,
+                outstanding: state.outstanding,
+                prefill_tokens: state.prefill_tokens,
+                load: None,
+                matched_blocks: None,
+                score: None,
+                cost: None,
+                chosen: false,
+                note: if state.healthy { None } else { Some("unhealthy".to_owned()) },
+            });
+        }
+        if candidates.is_empty() {
+            return Err(PickError::NoReplicas);
+        }
+        if healthy.is_empty() {
+            return Err(PickError::NoHealthyReplica { replicas: candidates.len() });
+        }
+        Ok(Self {
+            slots,
+            candidates,
+            healthy,
+            position_by_slot,
+            chosen: 0,
+            branch: Branch::Fallback,
+            reason: String::new(),
+            notes: Vec::new(),
+        })
+    }
+
+    fn decide(&mut self, position: usize, branch: Branch, reason: String) {
+        self.chosen = position;
+        self.branch = branch;
+        self.reason = reason;
+    }
+
+    fn replica(&self, position: usize) -> ReplicaId {
+        self.candidates[position].replica
+    }
+
+    fn finish(mut self, policy: &str, view: &RequestView) -> Decision {
+        self.candidates[self.chosen].chosen = true;
+        Decision {
+            replica: self.candidates[self.chosen].replica,
+            policy: policy.to_owned(),
+            branch: self.branch,
+            reason: self.reason,
+            prompt_blocks: u32::try_from(view.block_hashes.len()).unwrap_or(u32::MAX),
+            candidates: self.candidates,
+            notes: self.notes,
+        }
+    }
+}
+
+/// Position of the smallest `key` among `positions` (first wins ties, so engine order breaks ties).
+fn argmin_by<K: PartialOrd + Copy>(positions: &[usize], key: impl Fn(usize) -> K) -> usize {
+    let mut best = positions[0];
+    let mut best_key = key(best);
+    for &position in &positions[1..] {
+        let candidate = key(position);
+        if candidate < best_key {
+            best = position;
+            best_key = candidate;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{SeedableRng, rngs::StdRng};
+
+    use super::*;
+
+    fn ids(n: u32) -> Vec<ReplicaId> {
+        (0..n).map(ReplicaId).collect()
+    }
+
+    #[test]
+    fn observe_calls_track_load_through_the_request_lifecycle() {
+        let mut engine = Engine::new(PolicySpec::named("least_load"), &ids(2)).expect("valid");
+        let view = RequestView { block_hashes: vec![1, 2, 3], prompt_tokens: 48, session_key: None };
+        engine.on_routed(7, ReplicaId(1), &view, 0).expect("routed");
+        assert_eq!(engine.on_routed(7, ReplicaId(1), &view, 0), Err(ObserveError::DuplicateRequest(7)));
+        let status = engine.replica_status(ReplicaId(1)).expect("known");
+        assert_eq!((status.outstanding, status.prefill_tokens, status.active_prefill_blocks), (1, 48, 3));
+        engine.on_first_token(7, 5).expect("first token");
+        let status = engine.replica_status(ReplicaId(1)).expect("known");
+        assert_eq!(
+            (status.prefill_tokens, status.active_prefill_blocks, status.active_decode_blocks),
+            (0, 0, 3)
+        );
+        engine.on_completed(7, 9).expect("completed");
+        let status = engine.replica_status(ReplicaId(1)).expect("known");
+        assert_eq!((status.outstanding, status.active_decode_blocks), (0, 0));
+        assert_eq!(engine.on_completed(7, 9), Err(ObserveError::UnknownRequest(7)));
+    }
+
+    #[test]
+    fn expired_requests_release_their_load() {
+        let mut engine = Engine::new(PolicySpec::named("least_load"), &ids(1)).expect("valid");
+        let view = RequestView::default();
+        engine.on_routed(1, ReplicaId(0), &view, 0).expect("routed");
+        engine.on_routed(2, ReplicaId(0), &view, 900).expect("routed");
+        assert_eq!(engine.expire_requests(1_000, 500), 1);
+        assert_eq!(engine.replica_status(ReplicaId(0)).expect("known").outstanding, 1);
+    }
+
+    #[test]
+    fn removed_replica_frees_its_slot_and_index() {
+        let mut engine = Engine::new(PolicySpec::named("kv_precise"), &ids(2)).expect("valid");
+        let stored = KvEvent::Stored { medium: Medium::Gpu, block_hashes: vec![1, 2] };
+        assert_eq!(engine.on_kv_event(ReplicaId(0), &stored, 0), Ok(2));
+        assert!(engine.remove_replica(ReplicaId(0)));
+        assert!(!engine.remove_replica(ReplicaId(0)));
+        assert_eq!(engine.kv_index(Medium::Gpu).distinct_blocks(), 0);
+        assert!(engine.add_replica(ReplicaId(9)));
+        assert_eq!(engine.replicas(), vec![ReplicaId(9), ReplicaId(1)], "slot 0 is reused");
+        assert_eq!(engine.replica_status(ReplicaId(9)).expect("known").kv_blocks, [0, 0, 0]);
+        assert_eq!(
+            engine.on_kv_event(ReplicaId(0), &stored, 0),
+            Err(ObserveError::UnknownReplica(ReplicaId(0)))
+        );
+    }
+
+    #[test]
+    fn no_replicas_and_no_healthy_replica_are_errors() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut engine = Engine::new(PolicySpec::default(), &[]).expect("valid");
+        assert_eq!(engine.pick(&RequestView::default(), 0, &mut rng), Err(PickError::NoReplicas));
+        engine.add_replica(ReplicaId(3));
+        engine.set_health(ReplicaId(3), false).expect("known");
+        assert_eq!(
+            engine.pick(&RequestView::default(), 0, &mut rng),
+            Err(PickError::NoHealthyReplica { replicas: 1 })
+        );
+    }
+
+    #[test]
+    fn reconfigure_keeps_the_kv_index() {
+        let mut engine = Engine::new(PolicySpec::named("kv_precise"), &ids(2)).expect("valid");
+        let stored = KvEvent::Stored { medium: Medium::Gpu, block_hashes: vec![1, 2] };
+        engine.on_kv_event(ReplicaId(1), &stored, 0).expect("known");
+        engine.reconfigure(PolicySpec::named("round_robin")).expect("valid");
+        engine.reconfigure(PolicySpec::named("kv_precise")).expect("valid");
+        let mut rng = StdRng::seed_from_u64(1);
+        let view = RequestView { block_hashes: vec![1, 2], prompt_tokens: 32, session_key: None };
+        assert_eq!(engine.pick(&view, 0, &mut rng).expect("pick").replica, ReplicaId(1));
+        assert!(engine.reconfigure(PolicySpec::named("nope")).is_err());
+        assert_eq!(engine.policy().name(), "kv_precise", "a rejected spec changes nothing");
+    }
+}

@@ -1,0 +1,301 @@
+//! The cache-aware policies: `cache_aware_approx` (SGLang), `kv_precise` (Dynamo) and `weighted_scorers` (llm-d).
+
+use rand::{Rng, RngCore};
+
+use super::load_based::fill_loads_and_pick_least;
+use super::{Engine, PickInProgress, argmin_by};
+use crate::decision::Branch;
+use crate::kv_event::Medium;
+use crate::prefix_index::PrefixIndex;
+use crate::request::RequestView;
+use crate::spec::{CacheAwareParams, KvPreciseParams, LoadMetric, PrefixSource, WeightedScorersParams};
+
+/// Metrics older than this are flagged in the explanation as stale.
+const STALE_METRICS_MS: u64 = 10_000;
+
+/// Matches the prompt against `index` and records each candidate's matched blocks.
+fn fill_matches(pick: &mut PickInProgress, index: &PrefixIndex, view: &RequestView) {
+    let mut matched = Vec::new();
+    index.match_prefix(&view.block_hashes, &mut matched);
+    for (position, slot) in pick.slots.iter().enumerate() {
+        pick.candidates[position].matched_blocks = Some(matched.get(*slot as usize).copied().unwrap_or(0));
+    }
+}
+
+fn matched(pick: &PickInProgress, position: usize) -> u32 {
+    pick.candidates[position].matched_blocks.unwrap_or(0)
+}
+
+fn share(matched: u32, prompt_blocks: usize) -> f64 {
+    if prompt_blocks == 0 { 0.0 } else { f64::from(matched) / prompt_blocks as f64 }
+}
+
+pub(super) fn approx(
+    engine: &Engine,
+    pick: &mut PickInProgress,
+    params: &CacheAwareParams,
+    view: &RequestView,
+) {
+    let prompt_blocks = view.block_hashes.len();
+    fill_matches(pick, &engine.routed_index, view);
+    for position in 0..pick.candidates.len() {
+        pick.candidates[position].score = Some(share(matched(pick, position), prompt_blocks));
+    }
+    if engine.routed_index.distinct_blocks() == 0 {
+        pick.notes.push(
+            "the approximate index is empty: it learns only from requests routed under this policy (on_routed)"
+                .to_owned(),
+        );
+    }
+    let loads: Vec<u64> = pick.healthy.iter().map(|&p| pick.candidates[p].outstanding).collect();
+    let max = loads.iter().copied().max().unwrap_or(0);
+    let min = loads.iter().copied().min().unwrap_or(0);
+    // SGLang's imbalance test: both the absolute and the relative gap must be exceeded.
+    let imbalanced =
+        max - min > params.balance_abs_threshold && max as f64 > params.balance_rel_threshold * min as f64;
+    // Least loaded, ties to the replica the index attributes the fewest blocks to (most room), as SGLang does.
+    let least_loaded = |pick: &mut PickInProgress| {
+        fill_loads_and_pick_least(pick, LoadMetric::Requests);
+        argmin_by(&pick.healthy, |p| {
+            (pick.candidates[p].outstanding, engine.routed_index.blocks_at(pick.slots[p]))
+        })
+    };
+    if imbalanced {
+        let position = least_loaded(pick);
+        let reason = format!(
+            "balance: outstanding requests range from {min} to {max} (gap {} > {} and {max} > {} x {min}), so the \
+             least loaded {} was chosen",
+            max - min,
+            params.balance_abs_threshold,
+            params.balance_rel_threshold,
+            pick.replica(position)
+        );
+        pick.decide(position, Branch::Balance, reason);
+        return;
+    }
+    let best =
+        argmin_by(&pick.healthy, |p| (std::cmp::Reverse(matched(pick, p)), pick.candidates[p].outstanding));
+    let best_matched = matched(pick, best);
+    let best_share = share(best_matched, prompt_blocks);
+    if best_share > params.cache_threshold {
+        for &position in &pick.healthy {
+            pick.candidates[position].load = Some(pick.candidates[position].outstanding as f64);
+        }
+        let reason = format!(
+            "cache: {} holds {best_matched} of {prompt_blocks} prompt blocks ({:.0}%), the longest match, above \
+             cache_threshold {}",
+            pick.replica(best),
+            best_share * 100.0,
+            params.cache_threshold
+        );
+        pick.decide(best, Branch::Cache, reason);
+    } else {
+        let position = least_loaded(pick);
+        let reason = format!(
+            "fallback: the longest prefix match is {best_matched} of {prompt_blocks} blocks ({:.0}%), not above \
+             cache_threshold {}, so the least loaded {} was chosen",
+            best_share * 100.0,
+            params.cache_threshold,
+            pick.replica(position)
+        );
+        pick.decide(position, Branch::Fallback, reason);
+    }
+}
+
+pub(super) fn precise<R: RngCore + ?Sized>(
+    engine: &Engine,
+    pick: &mut PickInProgress,
+    params: &KvPreciseParams,
+    view: &RequestView,
+    rng: &mut R,
+) {
+    let prompt_blocks = view.block_hashes.len() as f64;
+    fill_matches(pick, &engine.kv_indexes[Medium::Gpu.index()], view);
+    let mut silent = Vec::new();
+    for position in 0..pick.candidates.len() {
+        let Some(state) = engine.slots[pick.slots[position] as usize].as_ref() else { continue };
+        let uncached = prompt_blocks - f64::from(matched(pick, position));
+        let cost = params.prefill_weight * (uncached + state.active_prefill_blocks as f64)
+            + params.decode_weight * state.active_decode_blocks as f64;
+        pick.candidates[position].cost = Some(cost);
+        if state.kv_events == 0 && state.healthy {
+            silent.push(state.id.to_string());
+        }
+    }
+    let cost = |pick: &PickInProgress, p: usize| pick.candidates[p].cost.unwrap_or(f64::INFINITY);
+    let explain = |pick: &PickInProgress, p: usize| {
+        let state = engine.slots[pick.slots[p] as usize].as_ref();
+        format!(
+            "cost {:.1} = {} x ({} uncached + {} active prefill blocks) + {} x {} active decode blocks",
+            cost(pick, p),
+            params.prefill_weight,
+            prompt_blocks - f64::from(matched(pick, p)),
+            state.map_or(0, |s| s.active_prefill_blocks),
+            params.decode_weight,
+            state.map_or(0, |s| s.active_decode_blocks),
+        )
+    };
+    if silent.len() == pick.healthy.len() {
+        let position = argmin_by(&pick.healthy, |p| cost(pick, p));
+        pick.notes.push("no KV events have been received from any healthy replica".to_owned());
+        let reason = format!(
+            "fallback: no replica has sent KV events, so cache overlap is unknown (counted as none) and the pick \
+             rests on load alone: {} has the lowest {}",
+            pick.replica(position),
+            explain(pick, position)
+        );
+        pick.decide(position, Branch::Fallback, reason);
+        return;
+    }
+    if !silent.is_empty() {
+        pick.notes.push(format!(
+            "no KV events received from {}: their cached blocks are unknown and counted as none",
+            silent.join(", ")
+        ));
+    }
+    if params.temperature <= 0.0 {
+        let position = argmin_by(&pick.healthy, |p| cost(pick, p));
+        let reason = format!("cost: {} has the lowest {}", pick.replica(position), explain(pick, position));
+        pick.decide(position, Branch::Cost, reason);
+        return;
+    }
+    // Softmax over costs normalised to [0, 1], as Dynamo samples: the temperature is scale-free.
+    let costs: Vec<f64> = pick.healthy.iter().map(|&p| cost(pick, p)).collect();
+    let lowest = costs.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let spread = if highest > lowest { highest - lowest } else { 1.0 };
+    let weights: Vec<f64> =
+        costs.iter().map(|c| (-(c - lowest) / spread / params.temperature).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut draw = rng.random::<f64>() * total;
+    let mut chosen = pick.healthy[pick.healthy.len() - 1];
+    for (index, weight) in weights.iter().enumerate() {
+        pick.candidates[pick.healthy[index]].score = Some(weight / total);
+    }
+    for (index, weight) in weights.iter().enumerate() {
+        if draw < *weight {
+            chosen = pick.healthy[index];
+            break;
+        }
+        draw -= weight;
+    }
+    let reason = format!(
+        "sampled: {} drawn with probability {:.2} at temperature {} ({})",
+        pick.replica(chosen),
+        pick.candidates[chosen].score.unwrap_or(0.0),
+        params.temperature,
+        explain(pick, chosen)
+    );
+    pick.decide(chosen, Branch::Sampled, reason);
+}
+
+pub(super) fn weighted(
+    engine: &Engine,
+    pick: &mut PickInProgress,
+    params: &WeightedScorersParams,
+    view: &RequestView,
+    now_ms: u64,
+) {
+    let index = match params.prefix_source {
+        PrefixSource::Routed => &engine.routed_index,
+        PrefixSource::KvEvents => &engine.kv_indexes[Medium::Gpu.index()],
+    };
+    fill_matches(pick, index, view);
+    // Filters first: overloaded replicas (by their own reported metrics) are not eligible.
+    let mut eligible = Vec::with_capacity(pick.healthy.len());
+    let mut unreported = Vec::new();
+    let mut stale = Vec::new();
+    for &position in &pick.healthy {
+        let Some(state) = engine.slots[pick.slots[position] as usize].as_ref() else { continue };
+        match state.metrics {
+            Some((metrics, at_ms)) => {
+                if now_ms.saturating_sub(at_ms) > STALE_METRICS_MS {
+                    stale.push(format!("{} ({} ms old)", state.id, now_ms - at_ms));
+                }
+                if metrics.queue_depth > params.max_queue_depth {
+                    pick.candidates[position].eligible = false;
+                    pick.candidates[position].note = Some(format!(
+                        "filtered: queue {} > max_queue_depth {}",
+                        metrics.queue_depth, params.max_queue_depth
+                    ));
+                    continue;
+                }
+                if metrics.kv_usage > params.max_kv_usage {
+                    pick.candidates[position].eligible = false;
+                    pick.candidates[position].note = Some(format!(
+                        "filtered: KV usage {:.2} > max_kv_usage {}",
+                        metrics.kv_usage, params.max_kv_usage
+                    ));
+                    continue;
+                }
+            }
+            None => unreported.push(state.id.to_string()),
+        }
+        eligible.push(position);
+    }
+    if !unreported.is_empty() {
+        pick.notes.push(format!(
+            "no metrics reported by {}: queue counted as 0, running as the router's outstanding count, KV usage as 0",
+            unreported.join(", ")
+        ));
+    }
+    if !stale.is_empty() {
+        pick.notes.push(format!("stale metrics from {}", stale.join(", ")));
+    }
+    let all_filtered = eligible.is_empty();
+    if all_filtered {
+        pick.notes.push(
+            "every healthy replica was filtered as overloaded; scoring all healthy replicas".to_owned(),
+        );
+        eligible = pick.healthy.clone();
+    }
+    let figures: Vec<(f64, f64, f64)> = eligible
+        .iter()
+        .map(|&position| {
+            let state = engine.slots[pick.slots[position] as usize].as_ref();
+            let metrics = state.and_then(|s| s.metrics).map(|(m, _)| m);
+            let queue = metrics.map_or(0.0, |m| f64::from(m.queue_depth));
+            let running =
+                metrics.map_or(pick.candidates[position].outstanding as f64, |m| f64::from(m.running));
+            let kv_usage = metrics.map_or(0.0, |m| m.kv_usage.clamp(0.0, 1.0));
+            (queue, running, kv_usage)
+        })
+        .collect();
+    // Min-max normalisation: the least busy eligible replica scores 1, the busiest 0, all equal scores 1.
+    let range = |value_of: fn(&(f64, f64, f64)) -> f64| {
+        let lo = figures.iter().map(value_of).fold(f64::INFINITY, f64::min);
+        let hi = figures.iter().map(value_of).fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    };
+    let (queue_range, running_range) = (range(|f| f.0), range(|f| f.1));
+    let normalise = |value: f64, (lo, hi): (f64, f64)| if hi > lo { (hi - value) / (hi - lo) } else { 1.0 };
+    let weight_sum =
+        params.prefix_weight + params.kv_usage_weight + params.queue_weight + params.running_weight;
+    let prompt_blocks = view.block_hashes.len();
+    for (index, &position) in eligible.iter().enumerate() {
+        let (queue, running, kv_usage) = figures[index];
+        let score = (params.prefix_weight * share(matched(pick, position), prompt_blocks)
+            + params.kv_usage_weight * (1.0 - kv_usage)
+            + params.queue_weight * normalise(queue, queue_range)
+            + params.running_weight * normalise(running, running_range))
+            / weight_sum;
+        pick.candidates[position].score = Some(score);
+        pick.candidates[position].load = Some(running);
+    }
+    let best = argmin_by(&eligible, |p| -pick.candidates[p].score.unwrap_or(0.0));
+    let reason = format!(
+        "{}: {} scores {:.3} (prefix {} of {prompt_blocks} blocks x {}, KV usage x {}, queue x {}, running x {}), \
+         the highest of {} {}replicas",
+        if all_filtered { "fallback" } else { "score" },
+        pick.replica(best),
+        pick.candidates[best].score.unwrap_or(0.0),
+        matched(pick, best),
+        params.prefix_weight,
+        params.kv_usage_weight,
+        params.queue_weight,
+        params.running_weight,
+        eligible.len(),
+        if all_filtered { "healthy (all overloaded) " } else { "eligible " },
+    );
+    pick.decide(best, if all_filtered { Branch::Fallback } else { Branch::Score }, reason);
+}

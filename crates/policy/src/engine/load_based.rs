@@ -1,0 +1,109 @@
+//! Policies that look only at health and load: round robin, random, least load, power of two choices.
+
+use rand::{Rng, RngCore};
+
+use super::{Engine, PickInProgress, argmin_by};
+use crate::decision::Branch;
+use crate::spec::LoadMetric;
+
+pub(super) fn load_of(pick: &PickInProgress, position: usize, metric: LoadMetric) -> f64 {
+    let candidate = &pick.candidates[position];
+    match metric {
+        LoadMetric::Requests => candidate.outstanding as f64,
+        LoadMetric::PrefillTokens => candidate.prefill_tokens as f64,
+    }
+}
+
+fn metric_name(metric: LoadMetric) -> &'static str {
+    match metric {
+        LoadMetric::Requests => "outstanding requests",
+        LoadMetric::PrefillTokens => "prefill tokens",
+    }
+}
+
+pub(super) fn round_robin(engine: &Engine, pick: &mut PickInProgress) {
+    // The turn advances in `on_routed`, never here, so a pick that is not routed changes nothing.
+    let next = match engine.last_routed_slot {
+        Some(last) => pick.healthy.iter().copied().find(|&position| pick.slots[position] > last),
+        None => None,
+    };
+    let position = next.unwrap_or(pick.healthy[0]);
+    let reason = match engine.last_routed_slot.and_then(|slot| engine.slots.get(slot as usize)?.as_ref()) {
+        Some(last) if next.is_some() => {
+            format!("round robin: {} is the next healthy replica after {}", pick.replica(position), last.id)
+        }
+        Some(_) => {
+            format!("round robin: wrapped around to the first healthy replica, {}", pick.replica(position))
+        }
+        None => format!("round robin: {} is the first healthy replica", pick.replica(position)),
+    };
+    pick.decide(position, Branch::RoundRobin, reason);
+}
+
+pub(super) fn random<R: RngCore + ?Sized>(pick: &mut PickInProgress, rng: &mut R) {
+    let position = pick.healthy[rng.random_range(0..pick.healthy.len())];
+    let reason = format!(
+        "random: drew {} uniformly from {} healthy replicas",
+        pick.replica(position),
+        pick.healthy.len()
+    );
+    pick.decide(position, Branch::Random, reason);
+}
+
+/// Fills `load` for every healthy candidate and returns the least loaded (engine order breaks ties).
+pub(super) fn fill_loads_and_pick_least(pick: &mut PickInProgress, metric: LoadMetric) -> usize {
+    for index in 0..pick.healthy.len() {
+        let position = pick.healthy[index];
+        pick.candidates[position].load = Some(load_of(pick, position, metric));
+    }
+    argmin_by(&pick.healthy, |position| load_of(pick, position, metric))
+}
+
+pub(super) fn least_load(pick: &mut PickInProgress, metric: LoadMetric) {
+    let position = fill_loads_and_pick_least(pick, metric);
+    let reason = format!(
+        "least load: {} has the fewest {} ({}) of {} healthy replicas",
+        pick.replica(position),
+        metric_name(metric),
+        load_of(pick, position, metric),
+        pick.healthy.len()
+    );
+    pick.decide(position, Branch::LeastLoad, reason);
+}
+
+pub(super) fn power_of_two<R: RngCore + ?Sized>(pick: &mut PickInProgress, metric: LoadMetric, rng: &mut R) {
+    let healthy = pick.healthy.len();
+    if healthy == 1 {
+        let position = pick.healthy[0];
+        pick.candidates[position].load = Some(load_of(pick, position, metric));
+        let reason = format!("power of two: {} is the only healthy replica", pick.replica(position));
+        pick.decide(position, Branch::PowerOfTwo, reason);
+        return;
+    }
+    // Two distinct draws: the second skips over the first.
+    let first = rng.random_range(0..healthy);
+    let mut second = rng.random_range(0..healthy - 1);
+    if second >= first {
+        second += 1;
+    }
+    let (first, second) = (pick.healthy[first], pick.healthy[second]);
+    for position in [first, second] {
+        pick.candidates[position].load = Some(load_of(pick, position, metric));
+        pick.candidates[position].note = Some("drawn".to_owned());
+    }
+    let (winner, loser) = if load_of(pick, second, metric) < load_of(pick, first, metric) {
+        (second, first)
+    } else {
+        (first, second)
+    };
+    let reason = format!(
+        "power of two: drew {} ({} {}) and {} ({} {}); the less loaded wins",
+        pick.replica(winner),
+        load_of(pick, winner, metric),
+        metric_name(metric),
+        pick.replica(loser),
+        load_of(pick, loser, metric),
+        metric_name(metric),
+    );
+    pick.decide(winner, Branch::PowerOfTwo, reason);
+}

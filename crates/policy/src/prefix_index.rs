@@ -1,0 +1,366 @@
+//! The prefix index shared by the cache-aware policies: which location (replica) holds which chained block.
+//!
+//! Keys are chained block hashes (see [`crate::hashing`]): a hash names a whole prefix, so a prompt is
+//! matched by looking its block hashes up in order and keeping the set of locations that still hold every
+//! block so far. That is one table lookup per prompt block, O(prompt blocks), with no tree to walk, and it
+//! stops as soon as no location is left.
+//!
+//! The same structure serves both feeds: `cache_aware_approx` inserts the blocks of each prompt it routed
+//! (the router's guess of what the replica cached), `kv_precise` applies the replicas' own KV events.
+//!
+//! Memory is bounded per location: past `capacity_per_location` blocks, the least recently stored or
+//! refreshed block of that location is evicted (exact LRU, kept with a stamped queue that is compacted
+//! when stale entries pile up).
+
+use std::collections::VecDeque;
+
+use crate::table::WordTable;
+
+/// A location in the index: the engine uses a replica's slot number.
+pub type Location = u32;
+
+/// What an [`PrefixIndex::insert`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InsertOutcome {
+    /// Blocks the location did not hold before.
+    pub added: usize,
+    /// Blocks it held already; their recency was refreshed.
+    pub refreshed: usize,
+    /// Blocks evicted (least recently used first) to stay within capacity.
+    pub evicted: usize,
+}
+
+#[derive(Clone, Debug)]
+struct LocationBlocks {
+    /// Block hash -> stamp of its latest store or refresh.
+    stamps: WordTable,
+    /// (block, stamp) in store order; an entry is stale when the block's stamp has moved on.
+    recency: VecDeque<(u64, u64)>,
+}
+
+impl LocationBlocks {
+    fn new() -> Self {
+        Self { stamps: WordTable::new(1), recency: VecDeque::new() }
+    }
+}
+
+/// The prefix index. See the module docs.
+#[derive(Clone, Debug)]
+pub struct PrefixIndex {
+    /// Block hash -> bitset of the locations holding it.
+    members: WordTable,
+    locations: Vec<LocationBlocks>,
+    capacity_per_location: usize,
+    /// Monotonic stamp source for recency; counts block touches, not time, so it needs no clock.
+    touches: u64,
+}
+
+impl PrefixIndex {
+    /// An empty index that keeps at most `capacity_per_location` blocks per location (at least 1).
+    pub fn new(capacity_per_location: usize) -> Self {
+        Self {
+            members: WordTable::new(1),
+            locations: Vec::new(),
+            capacity_per_location: capacity_per_location.max(1),
+            touches: 0,
+        }
+    }
+
+    /// The per-location capacity in blocks.
+    pub fn capacity_per_location(&self) -> usize {
+        self.capacity_per_location
+    }
+
+    /// Changes the per-location capacity, evicting least recently used blocks where now over it.
+    pub fn set_capacity_per_location(&mut self, capacity: usize) {
+        self.capacity_per_location = capacity.max(1);
+        for location in 0..self.locations.len() {
+            Self::evict_over_capacity(
+                &mut self.members,
+                &mut self.locations[location],
+                location,
+                self.capacity_per_location,
+            );
+        }
+    }
+
+    fn ensure_location(&mut self, location: Location) -> usize {
+        let location = location as usize;
+        if location >= self.locations.len() {
+            self.locations.resize_with(location + 1, LocationBlocks::new);
+            self.members.widen_values(location / 64 + 1);
+        }
+        location
+    }
+
+    /// Records that `location` holds `blocks` (in prompt order), refreshing the ones it held already.
+    pub fn insert(&mut self, location: Location, blocks: &[u64]) -> InsertOutcome {
+        let location = self.ensure_location(location);
+        let (word, bit) = (location / 64, 1u64 << (location % 64));
+        let held = &mut self.locations[location];
+        let mut outcome = InsertOutcome::default();
+        for &block in blocks {
+            self.touches += 1;
+            let (stamp, inserted) = held.stamps.get_or_insert(block);
+            stamp[0] = self.touches;
+            held.recency.push_back((block, self.touches));
+            if inserted {
+                self.members.get_or_insert(block).0[word] |= bit;
+                outcome.added += 1;
+            } else {
+                outcome.refreshed += 1;
+            }
+        }
+        outcome.evicted =
+            Self::evict_over_capacity(&mut self.members, held, location, self.capacity_per_location);
+        // Refreshes and removals leave stale queue entries behind; drop them once they outnumber live ones.
+        if held.recency.len() > 2 * held.stamps.len() + 64 {
+            let stamps = &held.stamps;
+            held.recency.retain(|(block, stamp)| stamps.get(*block).is_some_and(|s| s[0] == *stamp));
+        }
+        outcome
+    }
+
+    fn evict_over_capacity(
+        members: &mut WordTable,
+        held: &mut LocationBlocks,
+        location: usize,
+        capacity: usize,
+    ) -> usize {
+        let mut evicted = 0;
+        while held.stamps.len() > capacity {
+            let Some((block, stamp)) = held.recency.pop_front() else {
+                break;
+            };
+            if held.stamps.get(block).is_some_and(|s| s[0] == stamp) {
+                held.stamps.remove(block);
+                Self::clear_member(members, block, location);
+                evicted += 1;
+            }
+        }
+        evicted
+    }
+
+    fn clear_member(members: &mut WordTable, block: u64, location: usize) {
+        if let Some(words) = members.get_mut(block) {
+            words[location / 64] &= !(1u64 << (location % 64));
+            if words.iter().all(|w| *w == 0) {
+                members.remove(block);
+            }
+        }
+    }
+
+    /// Forgets that `location` holds `blocks`; returns how many it did hold.
+    pub fn remove(&mut self, location: Location, blocks: &[u64]) -> usize {
+        let Some(held) = self.locations.get_mut(location as usize) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for &block in blocks {
+            if held.stamps.remove(block) {
+                Self::clear_member(&mut self.members, block, location as usize);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// Forgets everything `location` holds; returns how many blocks that was.
+    pub fn clear_location(&mut self, location: Location) -> usize {
+        let Some(held) = self.locations.get_mut(location as usize) else {
+            return 0;
+        };
+        let blocks: Vec<u64> = held.stamps.iter().map(|(block, _)| block).collect();
+        for &block in &blocks {
+            Self::clear_member(&mut self.members, block, location as usize);
+        }
+        *held = LocationBlocks::new();
+        blocks.len()
+    }
+
+    /// For every location `0..location_count()`, how many leading blocks of `prompt` it holds
+    /// consecutively; written into `matched` (resized to fit). O(prompt blocks), stops early once no
+    /// location is left.
+    pub fn match_prefix(&self, prompt: &[u64], matched: &mut Vec<u32>) {
+        matched.clear();
+        matched.resize(self.locations.len(), 0);
+        let words = self.members.value_words();
+        // Up to 512 locations live on the stack; more spill to the heap once per call.
+        let mut inline = [0u64; 8];
+        let mut spilled = Vec::new();
+        let active: &mut [u64] = if words <= inline.len() {
+            &mut inline[..words]
+        } else {
+            spilled.resize(words, 0);
+            &mut spilled
+        };
+        let mut depth = 0u32;
+        let mut homes = [(0usize, 0u64); LOOKAHEAD];
+        for (chunk_index, chunk) in prompt.chunks(LOOKAHEAD).enumerate() {
+            // Issue this chunk's table loads first: they are independent, so their cache misses overlap
+            // instead of being paid one after another in the matching loop below.
+            for (home, block) in homes.iter_mut().zip(chunk) {
+                *home = self.members.peek_home(*block);
+            }
+            for (offset, (block, (home, key_at_home))) in chunk.iter().zip(homes).enumerate() {
+                let position = chunk_index * LOOKAHEAD + offset;
+                let Some(holders) = self.members.get_from_home(*block, home, key_at_home) else {
+                    return finish(matched, active, depth);
+                };
+                let mut still_active = 0u64;
+                if position == 0 {
+                    active.copy_from_slice(holders);
+                    still_active = active.iter().fold(0, |acc, w| acc | w);
+                } else {
+                    for (word, (active_word, holder_word)) in active.iter_mut().zip(holders).enumerate() {
+                        let dropped = *active_word & !holder_word;
+                        if dropped != 0 {
+                            record(matched, word, dropped, depth);
+                            *active_word &= holder_word;
+                        }
+                        still_active |= *active_word;
+                    }
+                }
+                if still_active == 0 {
+                    return;
+                }
+                depth = position as u32 + 1;
+            }
+        }
+        finish(matched, active, depth);
+    }
+
+    /// How many leading blocks of `prompt` one location holds consecutively.
+    pub fn match_location(&self, location: Location, prompt: &[u64]) -> usize {
+        let Some(held) = self.locations.get(location as usize) else {
+            return 0;
+        };
+        prompt.iter().take_while(|block| held.stamps.get(**block).is_some()).count()
+    }
+
+    /// Whether `location` holds `block`.
+    pub fn contains(&self, location: Location, block: u64) -> bool {
+        self.locations.get(location as usize).is_some_and(|held| held.stamps.get(block).is_some())
+    }
+
+    /// Blocks held by `location`.
+    pub fn blocks_at(&self, location: Location) -> usize {
+        self.locations.get(location as usize).map_or(0, |held| held.stamps.len())
+    }
+
+    /// Distinct blocks held by any location.
+    pub fn distinct_blocks(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Locations the index has room for (one past the highest location ever used).
+    pub fn location_count(&self) -> usize {
+        self.locations.len()
+    }
+
+    /// Approximate heap bytes in use, for memory reports.
+    pub fn heap_bytes(&self) -> usize {
+        self.members.heap_bytes()
+            + self
+                .locations
+                .iter()
+                .map(|held| held.stamps.heap_bytes() + held.recency.capacity() * 16)
+                .sum::<usize>()
+    }
+}
+
+/// Blocks whose table loads are issued together before matching them (see `match_prefix`).
+const LOOKAHEAD: usize = 32;
+
+/// Locations still active at the end of the walk hold all `depth` matched blocks.
+fn finish(matched: &mut [u32], active: &[u64], depth: u32) {
+    for (word, active_word) in active.iter().enumerate() {
+        if *active_word != 0 {
+            record(matched, word, *active_word, depth);
+        }
+    }
+}
+
+#[inline]
+fn record(matched: &mut [u32], word: usize, mut bits: u64, depth: u32) {
+    while bits != 0 {
+        let location = word * 64 + bits.trailing_zeros() as usize;
+        if let Some(slot) = matched.get_mut(location) {
+            *slot = depth;
+        }
+        bits &= bits - 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(index: &PrefixIndex, prompt: &[u64]) -> Vec<u32> {
+        let mut out = Vec::new();
+        index.match_prefix(prompt, &mut out);
+        out
+    }
+
+    #[test]
+    fn matches_longest_consecutive_prefix_per_location() {
+        let mut index = PrefixIndex::new(100);
+        index.insert(0, &[1, 2, 3]);
+        index.insert(1, &[1, 2]);
+        index.insert(2, &[9]);
+        assert_eq!(matches(&index, &[1, 2, 3, 4]), vec![3, 2, 0]);
+        assert_eq!(matches(&index, &[9, 2]), vec![0, 0, 1]);
+        assert_eq!(matches(&index, &[]), vec![0, 0, 0]);
+        assert_eq!(index.match_location(0, &[1, 2, 3, 4]), 3);
+    }
+
+    #[test]
+    fn a_gap_stops_the_match() {
+        let mut index = PrefixIndex::new(100);
+        index.insert(0, &[1, 2, 3]);
+        assert_eq!(index.remove(0, &[2]), 1);
+        assert_eq!(matches(&index, &[1, 2, 3]), vec![1]);
+        assert_eq!(index.remove(0, &[2]), 0);
+    }
+
+    #[test]
+    fn locations_beyond_64_use_wider_bitsets() {
+        let mut index = PrefixIndex::new(100);
+        index.insert(3, &[5, 6]);
+        index.insert(130, &[5, 6, 7]);
+        let out = matches(&index, &[5, 6, 7]);
+        assert_eq!(out.len(), 131);
+        assert_eq!(out[3], 2);
+        assert_eq!(out[130], 3);
+        assert_eq!(index.clear_location(130), 3);
+        assert_eq!(matches(&index, &[5, 6, 7])[130], 0);
+        assert_eq!(index.distinct_blocks(), 2);
+    }
+
+    #[test]
+    fn lru_evicts_least_recently_touched_block() {
+        let mut index = PrefixIndex::new(3);
+        index.insert(0, &[1, 2, 3]);
+        // Refresh 1, then store 4: block 2 is now the least recently used.
+        let outcome = index.insert(0, &[1, 4]);
+        assert_eq!(outcome, InsertOutcome { added: 1, refreshed: 1, evicted: 1 });
+        assert!(index.contains(0, 1));
+        assert!(!index.contains(0, 2));
+        assert!(index.contains(0, 3));
+        assert!(index.contains(0, 4));
+        assert_eq!(index.blocks_at(0), 3);
+        index.set_capacity_per_location(1);
+        assert_eq!(index.blocks_at(0), 1);
+        assert!(index.contains(0, 4));
+    }
+
+    #[test]
+    fn stale_recency_entries_are_compacted() {
+        let mut index = PrefixIndex::new(10);
+        for _ in 0..1_000 {
+            index.insert(0, &[1, 2]);
+        }
+        assert!(index.locations[0].recency.len() <= 2 * 2 + 64 + 2);
+        assert_eq!(index.blocks_at(0), 2);
+    }
+}

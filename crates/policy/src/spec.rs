@@ -1,0 +1,992 @@
+//! The policy specification operators write (YAML or JSON), its validation, and the parameter docs.
+//!
+//! A [`PolicySpec`] is the operator's document as written: `schema_version`, `policy` and a `params`
+//! map. [`PolicySpec::validate`] checks it against the parameter table ([`param_docs`]), the single
+//! source of truth for names, types, ranges, defaults and meanings; [`PolicySpec::resolve`] turns it into
+//! typed parameters with every omitted parameter at its documented default.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The only schema version this crate reads. A missing `schema_version` means this one.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Every policy name, in the order the UI lists them. Other tools and checks rely on these strings.
+pub const POLICY_NAMES: [&str; 8] = [
+    "round_robin",
+    "random",
+    "least_load",
+    "power_of_two",
+    "consistent_hash",
+    "cache_aware_approx",
+    "kv_precise",
+    "weighted_scorers",
+];
+
+/// One line on what each policy does, for the UI's policy picker.
+pub fn policy_summary(policy: &str) -> Option<&'static str> {
+    Some(match policy {
+        "round_robin" => "Each healthy replica in turn.",
+        "random" => "A uniformly random healthy replica (seeded).",
+        "least_load" => "The replica with the fewest outstanding requests or prefill tokens.",
+        "power_of_two" => "Two seeded random replicas; the less loaded wins.",
+        "consistent_hash" => {
+            "Consistent hashing with bounded load (CHWBL): a prefix or session sticks to one replica \
+             unless it is over the load bound."
+        }
+        "cache_aware_approx" => {
+            "SGLang-style: balance load when imbalanced, else the replica the router last sent the \
+             longest matching prefix to."
+        }
+        "kv_precise" => {
+            "Dynamo-style: minimum cost from the replicas' KV-cache events (uncached prefill plus active \
+             prefill and decode blocks)."
+        }
+        "weighted_scorers" => {
+            "llm-d-style: filter unhealthy or overloaded replicas, then a weighted sum of prefix, KV usage, \
+             queue and running-request scores."
+        }
+        _ => return None,
+    })
+}
+
+/// The operator's policy document. `Default` is `round_robin` with no parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Format version of this document; only [`SCHEMA_VERSION`] is accepted.
+    #[serde(default = "schema_version_default")]
+    pub schema_version: u32,
+    /// One of [`POLICY_NAMES`].
+    pub policy: String,
+    /// Parameters of that policy; omitted ones take their documented defaults.
+    #[serde(default)]
+    pub params: Map<String, Value>,
+}
+
+fn schema_version_default() -> u32 {
+    SCHEMA_VERSION
+}
+
+impl Default for PolicySpec {
+    fn default() -> Self {
+        Self::named("round_robin")
+    }
+}
+
+impl PolicySpec {
+    /// A spec for `policy` with every parameter at its default.
+    pub fn named(policy: &str) -> Self {
+        Self { schema_version: SCHEMA_VERSION, policy: policy.to_owned(), params: Map::new() }
+    }
+
+    /// Sets one parameter (builder style, for code and tests).
+    pub fn with(mut self, param: &str, value: impl Into<Value>) -> Self {
+        self.params.insert(param.to_owned(), value.into());
+        self
+    }
+
+    /// Checks the schema version, the policy name, every parameter name, type and range.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        self.resolve().map(|_| ())
+    }
+
+    /// Validates, then returns the typed parameters with defaults filled in.
+    pub fn resolve(&self) -> Result<ResolvedPolicy, SpecError> {
+        if self.schema_version != SCHEMA_VERSION {
+            return Err(SpecError::UnsupportedSchemaVersion { found: self.schema_version });
+        }
+        let docs = param_docs(&self.policy);
+        if !POLICY_NAMES.contains(&self.policy.as_str()) {
+            return Err(SpecError::UnknownPolicy {
+                name: self.policy.clone(),
+                suggestion: closest(&self.policy, POLICY_NAMES.iter().copied()),
+            });
+        }
+        for (name, value) in &self.params {
+            let Some(doc) = docs.iter().find(|doc| doc.name == name) else {
+                return Err(SpecError::UnknownField {
+                    field: format!("params.{name}"),
+                    policy: self.policy.clone(),
+                    allowed: docs.iter().map(|doc| doc.name.to_owned()).collect(),
+                    suggestion: closest(name, docs.iter().map(|doc| doc.name)),
+                });
+            };
+            doc.check(value)?;
+        }
+        let values = ResolvedValues { docs: &docs, given: &self.params };
+        let policy = match self.policy.as_str() {
+            "round_robin" => ResolvedPolicy::RoundRobin,
+            "random" => ResolvedPolicy::Random,
+            "least_load" => ResolvedPolicy::LeastLoad(LoadParams::read(&values)),
+            "power_of_two" => ResolvedPolicy::PowerOfTwo(LoadParams::read(&values)),
+            "consistent_hash" => ResolvedPolicy::ConsistentHash(ConsistentHashParams {
+                virtual_nodes: values.integer("virtual_nodes") as u32,
+                load_factor: values.float("load_factor"),
+                prefix_blocks: values.integer("prefix_blocks") as usize,
+                use_session_key: values.boolean("use_session_key"),
+                hashing: HashingParams::read(&values),
+            }),
+            "cache_aware_approx" => ResolvedPolicy::CacheAwareApprox(CacheAwareParams {
+                cache_threshold: values.float("cache_threshold"),
+                balance_abs_threshold: values.integer("balance_abs_threshold") as u64,
+                balance_rel_threshold: values.float("balance_rel_threshold"),
+                max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
+                hashing: HashingParams::read(&values),
+            }),
+            "kv_precise" => ResolvedPolicy::KvPrecise(KvPreciseParams {
+                prefill_weight: values.float("prefill_weight"),
+                decode_weight: values.float("decode_weight"),
+                temperature: values.float("temperature"),
+                max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
+                hashing: HashingParams::read(&values),
+            }),
+            "weighted_scorers" => {
+                let params = WeightedScorersParams {
+                    prefix_weight: values.float("prefix_weight"),
+                    kv_usage_weight: values.float("kv_usage_weight"),
+                    queue_weight: values.float("queue_weight"),
+                    running_weight: values.float("running_weight"),
+                    max_queue_depth: values.integer("max_queue_depth") as u32,
+                    max_kv_usage: values.float("max_kv_usage"),
+                    prefix_source: if values.choice("prefix_source") == "kv_events" {
+                        PrefixSource::KvEvents
+                    } else {
+                        PrefixSource::Routed
+                    },
+                    max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
+                    hashing: HashingParams::read(&values),
+                };
+                let total = params.prefix_weight
+                    + params.kv_usage_weight
+                    + params.queue_weight
+                    + params.running_weight;
+                if total <= 0.0 {
+                    return Err(SpecError::OutOfRange {
+                        field: "params.prefix_weight".to_owned(),
+                        value: "0 (all four weights are 0)".to_owned(),
+                        allowed: "at least one weight above 0".to_owned(),
+                        fix: "give at least one scorer a positive weight, for example prefix_weight: 3"
+                            .to_owned(),
+                    });
+                }
+                ResolvedPolicy::WeightedScorers(params)
+            }
+            _ => ResolvedPolicy::RoundRobin,
+        };
+        Ok(policy)
+    }
+
+    /// This spec as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// This spec as YAML.
+    pub fn to_yaml(&self) -> String {
+        serde_norway::to_string(self).unwrap_or_default()
+    }
+}
+
+impl FromStr for PolicySpec {
+    type Err = SpecError;
+
+    /// Parses JSON when the text starts with `{`, YAML otherwise, then validates it.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let is_json = text.trim_start().starts_with('{');
+        let document: Value = if is_json {
+            serde_json::from_str(text)
+                .map_err(|error| SpecError::Parse { format: "JSON", message: error.to_string() })?
+        } else {
+            serde_norway::from_str(text)
+                .map_err(|error| SpecError::Parse { format: "YAML", message: error.to_string() })?
+        };
+        let Value::Object(mut top) = document else {
+            return Err(SpecError::Parse {
+                format: if is_json { "JSON" } else { "YAML" },
+                message: "the document must be a mapping with `policy:` and optional `params:`".to_owned(),
+            });
+        };
+        const TOP_FIELDS: [&str; 3] = ["schema_version", "policy", "params"];
+        if let Some(unknown) = top.keys().find(|key| !TOP_FIELDS.contains(&key.as_str())) {
+            return Err(SpecError::UnknownField {
+                field: unknown.clone(),
+                policy: "the spec".to_owned(),
+                allowed: TOP_FIELDS.iter().map(|field| (*field).to_owned()).collect(),
+                suggestion: closest(unknown, TOP_FIELDS.iter().copied()),
+            });
+        }
+        let schema_version = match top.remove("schema_version") {
+            None => SCHEMA_VERSION,
+            Some(value) => {
+                value.as_u64().and_then(|v| u32::try_from(v).ok()).ok_or_else(|| SpecError::WrongType {
+                    field: "schema_version".to_owned(),
+                    value: value.to_string(),
+                    expected: "the integer 1".to_owned(),
+                })?
+            }
+        };
+        let policy = match top.remove("policy") {
+            Some(Value::String(name)) => name,
+            Some(other) => {
+                return Err(SpecError::WrongType {
+                    field: "policy".to_owned(),
+                    value: other.to_string(),
+                    expected: format!("a policy name: one of {}", POLICY_NAMES.join(", ")),
+                });
+            }
+            None => return Err(SpecError::MissingPolicy),
+        };
+        let params = match top.remove("params") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(params)) => params,
+            Some(other) => {
+                return Err(SpecError::WrongType {
+                    field: "params".to_owned(),
+                    value: other.to_string(),
+                    expected: "a mapping of parameter names to values".to_owned(),
+                });
+            }
+        };
+        let spec = Self { schema_version, policy, params };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// Why a spec was rejected. `Display` is one sentence naming the field, the value, what is allowed and the fix.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    /// The text is not valid JSON or YAML.
+    #[error("the policy spec is not valid {format}: {message}; fix the syntax and try again")]
+    Parse {
+        /// "JSON" or "YAML".
+        format: &'static str,
+        /// The parser's message.
+        message: String,
+    },
+    /// `policy:` is absent.
+    #[error(
+        "the policy spec has no `policy` field; add `policy: NAME` with NAME one of round_robin, random, \
+         least_load, power_of_two, consistent_hash, cache_aware_approx, kv_precise, weighted_scorers"
+    )]
+    MissingPolicy,
+    /// `schema_version` is not one this crate reads.
+    #[error("schema_version {found} is not supported (allowed: 1); set `schema_version: 1` or omit it")]
+    UnsupportedSchemaVersion {
+        /// The version found.
+        found: u32,
+    },
+    /// The policy name is not one of [`POLICY_NAMES`].
+    #[error(
+        "policy = {name:?} is not a known policy (allowed: round_robin, random, least_load, power_of_two, \
+         consistent_hash, cache_aware_approx, kv_precise, weighted_scorers); {}",
+        fix_by_suggestion(suggestion.as_deref(), "policy")
+    )]
+    UnknownPolicy {
+        /// The name found.
+        name: String,
+        /// The closest known name, if any is close.
+        suggestion: Option<String>,
+    },
+    /// A field the spec (or that policy) does not have.
+    #[error(
+        "{field} is not a field of {policy} (allowed: {}); {}",
+        list_or_none(allowed),
+        fix_by_suggestion(suggestion.as_deref(), "the field")
+    )]
+    UnknownField {
+        /// The field, as `params.NAME` for parameters.
+        field: String,
+        /// The policy (or "the spec" for top-level fields).
+        policy: String,
+        /// The fields that exist there.
+        allowed: Vec<String>,
+        /// The closest allowed field, if any is close.
+        suggestion: Option<String>,
+    },
+    /// A value of the wrong type.
+    #[error("{field} = {value} has the wrong type (allowed: {expected}); write it as {expected}")]
+    WrongType {
+        /// The field.
+        field: String,
+        /// The value found, as JSON.
+        value: String,
+        /// What is expected.
+        expected: String,
+    },
+    /// A value outside its range.
+    #[error("{field} = {value} is out of range (allowed: {allowed}); {fix}")]
+    OutOfRange {
+        /// The field.
+        field: String,
+        /// The value found.
+        value: String,
+        /// The allowed range.
+        allowed: String,
+        /// How to fix it.
+        fix: String,
+    },
+}
+
+fn fix_by_suggestion(suggestion: Option<&str>, what: &str) -> String {
+    match suggestion {
+        Some(name) => format!("did you mean {name}? rename {what} to {name}"),
+        None => format!("remove {what} or use one of the allowed names"),
+    }
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() { "none, this policy takes no parameters".to_owned() } else { items.join(", ") }
+}
+
+/// The allowed-name closest to `given` by edit distance, if it is close enough to be a likely typo.
+fn closest<'a>(given: &str, allowed: impl Iterator<Item = &'a str>) -> Option<String> {
+    allowed
+        .map(|name| (edit_distance(given, name), name))
+        .filter(|(distance, name)| *distance <= (name.len() / 3).max(2))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name.to_owned())
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// The type and allowed values of a parameter.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ParamKind {
+    /// A whole number in `min..=max`.
+    Integer {
+        /// Smallest allowed.
+        min: i64,
+        /// Largest allowed.
+        max: i64,
+    },
+    /// A real number in `min..=max`.
+    Float {
+        /// Smallest allowed.
+        min: f64,
+        /// Largest allowed.
+        max: f64,
+    },
+    /// `true` or `false`.
+    Bool,
+    /// One of a fixed set of strings.
+    Choice {
+        /// The allowed strings.
+        options: Vec<&'static str>,
+    },
+}
+
+/// One parameter of one policy: what a UI editor needs to show and check it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ParamDoc {
+    /// Name under `params:`.
+    pub name: &'static str,
+    /// Type and range.
+    pub kind: ParamKind,
+    /// Value when omitted.
+    pub default: Value,
+    /// What it means, in a sentence.
+    pub meaning: &'static str,
+}
+
+impl ParamDoc {
+    fn allowed(&self) -> String {
+        match &self.kind {
+            ParamKind::Integer { min, max } => format!("an integer from {min} to {max}"),
+            ParamKind::Float { min, max } => format!("a number from {min} to {max}"),
+            ParamKind::Bool => "true or false".to_owned(),
+            ParamKind::Choice { options } => format!("one of {}", options.join(", ")),
+        }
+    }
+
+    fn check(&self, value: &Value) -> Result<(), SpecError> {
+        let field = format!("params.{}", self.name);
+        let wrong_type = || SpecError::WrongType {
+            field: field.clone(),
+            value: value.to_string(),
+            expected: self.allowed(),
+        };
+        let out_of_range = || SpecError::OutOfRange {
+            field: field.clone(),
+            value: value.to_string(),
+            allowed: self.allowed(),
+            fix: format!("set it within that range, or omit it to use the default {}", self.default),
+        };
+        match &self.kind {
+            ParamKind::Integer { min, max } => {
+                let number = value.as_f64().ok_or_else(wrong_type)?;
+                if number.fract() != 0.0 {
+                    return Err(wrong_type());
+                }
+                if number < *min as f64 || number > *max as f64 {
+                    return Err(out_of_range());
+                }
+            }
+            ParamKind::Float { min, max } => {
+                let number = value.as_f64().ok_or_else(wrong_type)?;
+                if !(number >= *min && number <= *max) {
+                    return Err(out_of_range());
+                }
+            }
+            ParamKind::Bool => {
+                value.as_bool().ok_or_else(wrong_type)?;
+            }
+            ParamKind::Choice { options } => {
+                let text = value.as_str().ok_or_else(wrong_type)?;
+                if !options.contains(&text) {
+                    return Err(SpecError::OutOfRange {
+                        field,
+                        value: value.to_string(),
+                        allowed: self.allowed(),
+                        fix: match closest(text, options.iter().copied()) {
+                            Some(name) => format!("did you mean {name}? use one of the allowed values"),
+                            None => format!("use one of the allowed values, or omit it for {}", self.default),
+                        },
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn integer(name: &'static str, min: i64, max: i64, default: i64, meaning: &'static str) -> ParamDoc {
+    ParamDoc { name, kind: ParamKind::Integer { min, max }, default: Value::from(default), meaning }
+}
+
+fn float(name: &'static str, min: f64, max: f64, default: f64, meaning: &'static str) -> ParamDoc {
+    ParamDoc { name, kind: ParamKind::Float { min, max }, default: Value::from(default), meaning }
+}
+
+fn choice(
+    name: &'static str,
+    options: Vec<&'static str>,
+    default: &'static str,
+    meaning: &'static str,
+) -> ParamDoc {
+    ParamDoc { name, kind: ParamKind::Choice { options }, default: Value::from(default), meaning }
+}
+
+fn load_metric_doc() -> ParamDoc {
+    choice(
+        "load_metric",
+        vec!["requests", "prefill_tokens"],
+        "requests",
+        "What counts as load: outstanding requests, or prompt tokens of requests still in prefill.",
+    )
+}
+
+fn hashing_docs() -> [ParamDoc; 2] {
+    [
+        integer(
+            "block_tokens",
+            1,
+            4096,
+            16,
+            "Tokens per KV block when prompts come as tokens; must equal the engines' block size for kv_precise.",
+        ),
+        integer(
+            "chunk_bytes",
+            1,
+            65536,
+            64,
+            "Bytes per block when prompts come as raw text (the byte-chunk scheme).",
+        ),
+    ]
+}
+
+/// Parameters of `policy` with type, range, default and meaning (empty for parameterless or unknown policies).
+pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
+    match policy {
+        "least_load" | "power_of_two" => vec![load_metric_doc()],
+        "consistent_hash" => {
+            let mut docs = vec![
+                integer(
+                    "virtual_nodes",
+                    1,
+                    4096,
+                    256,
+                    "Points per replica on the hash ring; more gives a more even spread.",
+                ),
+                float(
+                    "load_factor",
+                    1.0,
+                    10.0,
+                    1.25,
+                    "Load bound as a multiple of the mean: a replica takes a request only while its load + 1 is at most \
+                 ceil(load_factor x (total load + 1) / healthy replicas).",
+                ),
+                integer(
+                    "prefix_blocks",
+                    1,
+                    4096,
+                    4,
+                    "The hash key is the prompt's first K blocks (K = this).",
+                ),
+                ParamDoc {
+                    name: "use_session_key",
+                    kind: ParamKind::Bool,
+                    default: Value::Bool(true),
+                    meaning: "Hash the request's session key instead of its prefix when one is present.",
+                },
+            ];
+            docs.extend(hashing_docs());
+            docs
+        }
+        "cache_aware_approx" => {
+            let mut docs = vec![
+                float(
+                    "cache_threshold",
+                    0.0,
+                    1.0,
+                    0.3,
+                    "Route to the longest-match replica only if its matched share of the prompt is above this.",
+                ),
+                integer(
+                    "balance_abs_threshold",
+                    0,
+                    1_000_000,
+                    64,
+                    "Load is imbalanced when max - min outstanding requests is above this (and the relative test holds).",
+                ),
+                float(
+                    "balance_rel_threshold",
+                    1.0,
+                    1000.0,
+                    1.5,
+                    "Load is imbalanced when max outstanding is above this times min (and the absolute test holds).",
+                ),
+                integer(
+                    "max_blocks_per_replica",
+                    16,
+                    1 << 28,
+                    1 << 20,
+                    "Approximate-index entries kept per replica; least recently used blocks are evicted beyond it.",
+                ),
+            ];
+            docs.extend(hashing_docs());
+            docs
+        }
+        "kv_precise" => {
+            let mut docs = vec![
+                float(
+                    "prefill_weight",
+                    0.0,
+                    1000.0,
+                    1.0,
+                    "Cost weight of blocks to prefill (uncached prompt + active prefill).",
+                ),
+                float(
+                    "decode_weight",
+                    0.0,
+                    1000.0,
+                    1.0,
+                    "Cost weight of the replica's active decode blocks.",
+                ),
+                float(
+                    "temperature",
+                    0.0,
+                    100.0,
+                    0.0,
+                    "0 picks the minimum cost; above 0 samples replicas with softmax(-normalised cost / temperature).",
+                ),
+                integer(
+                    "max_blocks_per_replica",
+                    16,
+                    1 << 28,
+                    1 << 22,
+                    "Safety bound on indexed blocks per replica in case removal events are lost; LRU beyond it.",
+                ),
+            ];
+            docs.extend(hashing_docs());
+            docs
+        }
+        "weighted_scorers" => {
+            let mut docs = vec![
+                float(
+                    "prefix_weight",
+                    0.0,
+                    100.0,
+                    3.0,
+                    "Weight of the prefix-match score (matched share of the prompt).",
+                ),
+                float(
+                    "kv_usage_weight",
+                    0.0,
+                    100.0,
+                    2.0,
+                    "Weight of the KV-usage score (1 - reported KV cache usage).",
+                ),
+                float(
+                    "queue_weight",
+                    0.0,
+                    100.0,
+                    2.0,
+                    "Weight of the queue score (shorter waiting queue scores higher).",
+                ),
+                float(
+                    "running_weight",
+                    0.0,
+                    100.0,
+                    1.0,
+                    "Weight of the running-requests score (fewer scores higher).",
+                ),
+                integer(
+                    "max_queue_depth",
+                    1,
+                    1_000_000,
+                    128,
+                    "Filter: replicas reporting more waiting requests than this are dropped.",
+                ),
+                float(
+                    "max_kv_usage",
+                    0.0,
+                    1.0,
+                    0.95,
+                    "Filter: replicas reporting KV cache usage above this are dropped.",
+                ),
+                choice(
+                    "prefix_source",
+                    vec!["routed", "kv_events"],
+                    "routed",
+                    "Where prefix matches come from: the router's own routing history, or replicas' KV events.",
+                ),
+                integer(
+                    "max_blocks_per_replica",
+                    16,
+                    1 << 28,
+                    1 << 20,
+                    "Prefix-index entries kept per replica; least recently used blocks are evicted beyond it.",
+                ),
+            ];
+            docs.extend(hashing_docs());
+            docs
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Given values over documented defaults; only used after every given value was checked.
+struct ResolvedValues<'a> {
+    docs: &'a [ParamDoc],
+    given: &'a Map<String, Value>,
+}
+
+impl ResolvedValues<'_> {
+    fn value(&self, name: &str) -> Value {
+        self.given.get(name).cloned().unwrap_or_else(|| {
+            self.docs
+                .iter()
+                .find(|doc| doc.name == name)
+                .map(|doc| doc.default.clone())
+                .unwrap_or(Value::Null)
+        })
+    }
+    fn integer(&self, name: &str) -> i64 {
+        self.value(name).as_f64().map_or(0, |v| v as i64)
+    }
+    fn float(&self, name: &str) -> f64 {
+        self.value(name).as_f64().unwrap_or(0.0)
+    }
+    fn boolean(&self, name: &str) -> bool {
+        self.value(name).as_bool().unwrap_or(false)
+    }
+    fn choice(&self, name: &str) -> String {
+        self.value(name).as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// A validated policy with typed parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResolvedPolicy {
+    /// `round_robin`.
+    RoundRobin,
+    /// `random`.
+    Random,
+    /// `least_load`.
+    LeastLoad(LoadParams),
+    /// `power_of_two`.
+    PowerOfTwo(LoadParams),
+    /// `consistent_hash`.
+    ConsistentHash(ConsistentHashParams),
+    /// `cache_aware_approx`.
+    CacheAwareApprox(CacheAwareParams),
+    /// `kv_precise`.
+    KvPrecise(KvPreciseParams),
+    /// `weighted_scorers`.
+    WeightedScorers(WeightedScorersParams),
+}
+
+impl ResolvedPolicy {
+    /// The policy's name as written in specs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round_robin",
+            Self::Random => "random",
+            Self::LeastLoad(_) => "least_load",
+            Self::PowerOfTwo(_) => "power_of_two",
+            Self::ConsistentHash(_) => "consistent_hash",
+            Self::CacheAwareApprox(_) => "cache_aware_approx",
+            Self::KvPrecise(_) => "kv_precise",
+            Self::WeightedScorers(_) => "weighted_scorers",
+        }
+    }
+
+    /// How the caller should cut prompts into blocks for this policy (defaults for policies without the parameters).
+    pub fn hashing(&self) -> HashingParams {
+        match self {
+            Self::ConsistentHash(p) => p.hashing,
+            Self::CacheAwareApprox(p) => p.hashing,
+            Self::KvPrecise(p) => p.hashing,
+            Self::WeightedScorers(p) => p.hashing,
+            _ => HashingParams::default(),
+        }
+    }
+}
+
+/// How prompts become blocks: see [`crate::hashing`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashingParams {
+    /// Tokens per block (token prompts).
+    pub block_tokens: usize,
+    /// Bytes per block (raw-text prompts).
+    pub chunk_bytes: usize,
+}
+
+impl Default for HashingParams {
+    fn default() -> Self {
+        Self { block_tokens: 16, chunk_bytes: 64 }
+    }
+}
+
+impl HashingParams {
+    fn read(values: &ResolvedValues<'_>) -> Self {
+        Self {
+            block_tokens: values.integer("block_tokens") as usize,
+            chunk_bytes: values.integer("chunk_bytes") as usize,
+        }
+    }
+}
+
+/// What `least_load` and `power_of_two` count as load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadMetric {
+    /// Requests routed and not yet completed.
+    Requests,
+    /// Prompt tokens of requests routed and not yet past their first token.
+    PrefillTokens,
+}
+
+/// Parameters of `least_load` and `power_of_two`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadParams {
+    /// What counts as load.
+    pub load_metric: LoadMetric,
+}
+
+impl LoadParams {
+    fn read(values: &ResolvedValues<'_>) -> Self {
+        Self {
+            load_metric: if values.choice("load_metric") == "prefill_tokens" {
+                LoadMetric::PrefillTokens
+            } else {
+                LoadMetric::Requests
+            },
+        }
+    }
+}
+
+/// Parameters of `consistent_hash`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ConsistentHashParams {
+    /// Ring points per replica.
+    pub virtual_nodes: u32,
+    /// Bound as a multiple of the mean load.
+    pub load_factor: f64,
+    /// Blocks of prompt prefix in the key.
+    pub prefix_blocks: usize,
+    /// Prefer the session key when present.
+    pub use_session_key: bool,
+    /// Prompt cutting (the key covers the first `prefix_blocks` blocks).
+    pub hashing: HashingParams,
+}
+
+/// Parameters of `cache_aware_approx`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheAwareParams {
+    /// Matched share needed to follow the cache.
+    pub cache_threshold: f64,
+    /// Absolute imbalance threshold (outstanding requests).
+    pub balance_abs_threshold: u64,
+    /// Relative imbalance threshold.
+    pub balance_rel_threshold: f64,
+    /// Index bound per replica.
+    pub max_blocks_per_replica: usize,
+    /// Prompt cutting.
+    pub hashing: HashingParams,
+}
+
+/// Parameters of `kv_precise`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvPreciseParams {
+    /// Weight of prefill blocks.
+    pub prefill_weight: f64,
+    /// Weight of decode blocks.
+    pub decode_weight: f64,
+    /// Softmax temperature (0 = argmin).
+    pub temperature: f64,
+    /// Index bound per replica.
+    pub max_blocks_per_replica: usize,
+    /// Prompt cutting.
+    pub hashing: HashingParams,
+}
+
+/// Where `weighted_scorers` takes prefix matches from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefixSource {
+    /// The router's own routing history (approximate).
+    Routed,
+    /// The replicas' KV events (precise).
+    KvEvents,
+}
+
+/// Parameters of `weighted_scorers`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WeightedScorersParams {
+    /// Prefix scorer weight.
+    pub prefix_weight: f64,
+    /// KV usage scorer weight.
+    pub kv_usage_weight: f64,
+    /// Queue scorer weight.
+    pub queue_weight: f64,
+    /// Running-requests scorer weight.
+    pub running_weight: f64,
+    /// Overload filter on waiting requests.
+    pub max_queue_depth: u32,
+    /// Overload filter on KV usage.
+    pub max_kv_usage: f64,
+    /// Prefix feed.
+    pub prefix_source: PrefixSource,
+    /// Index bound per replica.
+    pub max_blocks_per_replica: usize,
+    /// Prompt cutting.
+    pub hashing: HashingParams,
+}
+
+impl fmt::Display for PolicySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_json())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_round_robin_and_valid() {
+        let spec = PolicySpec::default();
+        assert_eq!(spec.policy, "round_robin");
+        assert_eq!(spec.resolve(), Ok(ResolvedPolicy::RoundRobin));
+    }
+
+    #[test]
+    fn yaml_and_json_are_both_read() {
+        let yaml: PolicySpec = "schema_version: 1\npolicy: consistent_hash\nparams:\n  load_factor: 1.5\n"
+            .parse()
+            .expect("yaml parses");
+        let json: PolicySpec =
+            r#"{"schema_version":1,"policy":"consistent_hash","params":{"load_factor":1.5}}"#
+                .parse()
+                .expect("json parses");
+        assert_eq!(yaml, json);
+        let ResolvedPolicy::ConsistentHash(params) = yaml.resolve().expect("valid") else {
+            panic!("wrong policy");
+        };
+        assert_eq!(params.load_factor, 1.5);
+        assert_eq!(params.virtual_nodes, 256, "omitted parameters take defaults");
+        let round_trip: PolicySpec = yaml.to_yaml().parse().expect("own YAML parses");
+        assert_eq!(round_trip, yaml);
+        let round_trip: PolicySpec = yaml.to_json().parse().expect("own JSON parses");
+        assert_eq!(round_trip, yaml);
+    }
+
+    #[test]
+    fn out_of_range_names_field_value_range_and_fix() {
+        let error =
+            PolicySpec::named("consistent_hash").with("load_factor", 0.5).validate().expect_err("invalid");
+        let text = error.to_string();
+        assert!(text.contains("params.load_factor"), "{text}");
+        assert!(text.contains("0.5"), "{text}");
+        assert!(text.contains("from 1 to 10"), "{text}");
+        assert!(text.contains("default 1.25"), "{text}");
+    }
+
+    #[test]
+    fn unknown_names_get_suggestions() {
+        let error = "policy: kv_precice".parse::<PolicySpec>().expect_err("unknown policy");
+        assert!(error.to_string().contains("did you mean kv_precise"), "{error}");
+        let error =
+            "policy: kv_precise\nparams:\n  temprature: 1\n".parse::<PolicySpec>().expect_err("unknown");
+        assert!(error.to_string().contains("params.temprature"), "{error}");
+        assert!(error.to_string().contains("did you mean temperature"), "{error}");
+        let error = "polcy: random\n".parse::<PolicySpec>().expect_err("unknown top field");
+        assert!(error.to_string().contains("did you mean policy"), "{error}");
+        let error = PolicySpec::named("round_robin").with("x", 1).validate().expect_err("no params");
+        assert!(error.to_string().contains("takes no parameters"), "{error}");
+    }
+
+    #[test]
+    fn wrong_types_and_versions_are_rejected() {
+        let error =
+            PolicySpec::named("consistent_hash").with("virtual_nodes", 1.5).validate().expect_err("int");
+        assert!(matches!(error, SpecError::WrongType { .. }), "{error}");
+        let error =
+            PolicySpec::named("least_load").with("load_metric", "tokens").validate().expect_err("choice");
+        assert!(error.to_string().contains("one of requests, prefill_tokens"), "{error}");
+        let error = "schema_version: 2\npolicy: random\n".parse::<PolicySpec>().expect_err("version");
+        assert_eq!(error, SpecError::UnsupportedSchemaVersion { found: 2 });
+        assert!(matches!("{".parse::<PolicySpec>(), Err(SpecError::Parse { format: "JSON", .. })));
+        assert_eq!("params: {}\n".parse::<PolicySpec>(), Err(SpecError::MissingPolicy));
+        let error = PolicySpec::named("weighted_scorers")
+            .with("prefix_weight", 0)
+            .with("kv_usage_weight", 0)
+            .with("queue_weight", 0)
+            .with("running_weight", 0)
+            .validate()
+            .expect_err("all zero");
+        assert!(error.to_string().contains("positive weight"), "{error}");
+    }
+
+    #[test]
+    fn every_default_is_within_its_own_range() {
+        for policy in POLICY_NAMES {
+            assert!(policy_summary(policy).is_some());
+            let mut spec = PolicySpec::named(policy);
+            for doc in param_docs(policy) {
+                doc.check(&doc.default).expect("default in range");
+                spec = spec.with(doc.name, doc.default.clone());
+            }
+            assert_eq!(spec.resolve(), PolicySpec::named(policy).resolve(), "{policy}");
+        }
+    }
+}

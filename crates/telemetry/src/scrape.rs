@@ -1,0 +1,111 @@
+//! Fetching one `/metrics` endpoint: bounded in time and size, errors worded for operators.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use crate::exposition::{self, MAX_EXPOSITION_BYTES, ParseError};
+use crate::signals::{self, Reading, UnsupportedEngine};
+
+/// Limits of one scrape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScrapeLimits {
+    /// Whole-scrape deadline: connect, headers and body.
+    pub timeout: Duration,
+    /// Largest body read; a larger one is refused rather than buffered.
+    pub max_bytes: usize,
+}
+
+impl Default for ScrapeLimits {
+    fn default() -> Self {
+        Self { timeout: Duration::from_secs(2), max_bytes: MAX_EXPOSITION_BYTES }
+    }
+}
+
+/// Why a scrape failed, in words an operator can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("cannot connect to {url}: is the replica running? ({detail})")]
+    Unreachable { url: String, detail: String },
+    #[error("no answer from {url} within {timeout:?}")]
+    Timeout { url: String, timeout: Duration },
+    #[error("{url} answered HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("{url} sent more than {max} bytes of metrics")]
+    TooLarge { url: String, max: usize },
+    #[error("{url} sent metrics that are not UTF-8 text")]
+    NotText { url: String },
+    #[error("{url} sent a malformed exposition: {source}")]
+    Parse { url: String, source: ParseError },
+    #[error("{url}: {source}")]
+    Unsupported { url: String, source: UnsupportedEngine },
+}
+
+/// The metrics URL of a target: a bare base URL gets `/metrics`; a URL with a path is kept.
+pub fn metrics_url(target: &str) -> String {
+    let trimmed = target.trim_end_matches('/');
+    let after_scheme = trimmed.split_once("://").map_or(trimmed, |(_, rest)| rest);
+    if after_scheme.contains('/') { trimmed.to_string() } else { format!("{trimmed}/metrics") }
+}
+
+/// Fetches the exposition text at `url`.
+pub async fn fetch(client: &reqwest::Client, url: &str, limits: ScrapeLimits) -> Result<String, ScrapeError> {
+    let work = async {
+        let response = client.get(url).send().await.map_err(|e| ScrapeError::Unreachable {
+            url: url.to_string(),
+            detail: error_chain(&e),
+        })?;
+        if !response.status().is_success() {
+            return Err(ScrapeError::Status { url: url.to_string(), status: response.status().as_u16() });
+        }
+        if response.content_length().is_some_and(|n| n as usize > limits.max_bytes) {
+            return Err(ScrapeError::TooLarge { url: url.to_string(), max: limits.max_bytes });
+        }
+        let mut body = Vec::new();
+        let mut chunks = response.bytes_stream();
+        while let Some(chunk) = chunks.next().await {
+            let chunk =
+                chunk.map_err(|e| ScrapeError::Unreachable { url: url.to_string(), detail: error_chain(&e) })?;
+            if body.len() + chunk.len() > limits.max_bytes {
+                return Err(ScrapeError::TooLarge { url: url.to_string(), max: limits.max_bytes });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        String::from_utf8(body).map_err(|_| ScrapeError::NotText { url: url.to_string() })
+    };
+    tokio::time::timeout(limits.timeout, work)
+        .await
+        .unwrap_or_else(|_| Err(ScrapeError::Timeout { url: url.to_string(), timeout: limits.timeout }))
+}
+
+/// Fetches, parses and reads one target.
+pub async fn scrape(client: &reqwest::Client, target: &str, limits: ScrapeLimits) -> Result<Reading, ScrapeError> {
+    let url = metrics_url(target);
+    let text = fetch(client, &url, limits).await?;
+    let exposition = exposition::parse(&text).map_err(|source| ScrapeError::Parse { url: url.clone(), source })?;
+    signals::read(&exposition).map_err(|source| ScrapeError::Unsupported { url, source })
+}
+
+/// reqwest's top-level message hides the cause ("error sending request"); show the chain.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_url_appends_the_default_path_only_to_bare_urls() {
+        assert_eq!(metrics_url("http://h:1"), "http://h:1/metrics");
+        assert_eq!(metrics_url("http://h:1/"), "http://h:1/metrics");
+        assert_eq!(metrics_url("http://h:1/engine/metrics"), "http://h:1/engine/metrics");
+    }
+}

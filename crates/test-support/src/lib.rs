@@ -1,0 +1,69 @@
+//! Shared test fixtures: emulated fleets and routers on port 0, misbehaving endpoints.
+//!
+//! Everything binds 127.0.0.1 port 0 and stops when its [`CancellationToken`] fires (each
+//! fixture cancels on drop), so tests run in parallel without port clashes or leftovers.
+
+pub mod endpoints;
+pub mod process;
+pub mod wait;
+pub mod webdriver;
+
+pub use wait::eventually;
+
+use std::net::SocketAddr;
+
+use anyhow::Result;
+use fleet_sim::{Fleet, ModelConfig};
+use tokio::net::TcpListener;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// Binds a loopback listener on a free port.
+pub async fn loopback_listener() -> Result<TcpListener> {
+    Ok(TcpListener::bind("127.0.0.1:0").await?)
+}
+
+/// Emulated replicas serving until dropped.
+pub struct SimFleet {
+    pub fleet: Fleet,
+    _stop: DropGuard,
+}
+
+impl SimFleet {
+    pub fn urls(&self) -> &[String] {
+        &self.fleet.urls
+    }
+}
+
+/// Starts `n` emulated replicas on free ports.
+pub async fn spawn_sim(n: usize, config: ModelConfig) -> Result<SimFleet> {
+    let stop = CancellationToken::new();
+    let mut listeners = Vec::new();
+    for _ in 0..n {
+        listeners.push(loopback_listener().await?);
+    }
+    let fleet = Fleet::spawn(listeners, fleet_sim::DEFAULT_MODEL, &config, &stop)?;
+    Ok(SimFleet { fleet, _stop: stop.drop_guard() })
+}
+
+/// A fleet-router serving until dropped.
+pub struct RouterHandle {
+    pub addr: SocketAddr,
+    _stop: DropGuard,
+}
+
+impl RouterHandle {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// Starts a router over `replicas` on a free port.
+pub async fn spawn_router(replicas: &[String]) -> Result<RouterHandle> {
+    let listener = loopback_listener().await?;
+    let addr = listener.local_addr()?;
+    let stop = CancellationToken::new();
+    let config = fleet_router::RouterConfig { replicas: replicas.to_vec(), ..Default::default() };
+    let token = stop.clone();
+    tokio::spawn(async move { fleet_router::serve(listener, config, async move { token.cancelled().await }).await });
+    Ok(RouterHandle { addr, _stop: stop.drop_guard() })
+}

@@ -1,0 +1,106 @@
+//! Running the workspace's binaries as child processes, the way users run them.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Where cargo put the workspace's binaries: `FLEETDECK_BIN_DIR` (set by `cargo xtask
+/// test`), else the profile folder above this test executable (`target/debug/deps/..`).
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FLEETDECK_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// Path of workspace binary `name`, or an error saying how to build it.
+pub fn bin_path(name: &str) -> Result<PathBuf> {
+    let path = bin_dir().join(name);
+    if !path.exists() {
+        bail!("{} does not exist; build it first with `cargo build --workspace --bins` (cargo xtask test does)", path.display());
+    }
+    Ok(path)
+}
+
+/// Folder for screenshots and other things tests leave for people to look at.
+pub fn artifacts_dir() -> Result<PathBuf> {
+    let dir = bin_dir().parent().map(|t| t.join("test-artifacts")).context("no target folder")?;
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// A child process killed when dropped.
+pub struct ChildProcess {
+    pub child: Child,
+}
+
+/// Starts `program` and reads its stdout until a line starts with `marker`; returns the
+/// process and the rest of that line. Fails if the process exits or `deadline` passes first.
+pub async fn spawn_and_await_line(
+    program: &Path,
+    args: &[String],
+    envs: &[(&str, &str)],
+    marker: &str,
+    deadline: Duration,
+) -> Result<(ChildProcess, String)> {
+    let mut child = Command::new(program)
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {}", program.display()))?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let found = tokio::time::timeout(deadline, async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(rest) = line.strip_prefix(marker) {
+                return Ok::<_, anyhow::Error>(Some(rest.trim().to_string()));
+            }
+        }
+        Ok(None)
+    })
+    .await
+    .with_context(|| format!("{} printed no line starting with {marker:?} within {deadline:?}", program.display()))??;
+    let Some(rest) = found else {
+        let status = child.wait().await?;
+        bail!("{} exited ({status}) before printing {marker:?}", program.display());
+    };
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((ChildProcess { child }, rest))
+}
+
+/// The headless app, serving its UI and API until dropped.
+pub struct HeadlessApp {
+    pub process: ChildProcess,
+    /// Base URL of the UI, e.g. `http://127.0.0.1:40123/`.
+    pub url: String,
+}
+
+impl HeadlessApp {
+    /// URL of API command `command`.
+    pub fn api(&self, command: &str) -> String {
+        format!("{}api/{command}", self.url)
+    }
+}
+
+/// Starts `fleetdeck --headless` on a free loopback port watching `replicas`.
+pub async fn spawn_headless_app(replicas: &[String], db: &Path) -> Result<HeadlessApp> {
+    let mut args = vec!["--headless".to_string(), "--listen".into(), "127.0.0.1:0".into(), "--db".into()];
+    args.push(db.to_string_lossy().into_owned());
+    for replica in replicas {
+        args.push("--replica".into());
+        args.push(replica.clone());
+    }
+    let (process, url) =
+        spawn_and_await_line(&bin_path("fleetdeck")?, &args, &[], "Fleetdeck UI at", Duration::from_secs(60)).await?;
+    Ok(HeadlessApp { process, url })
+}

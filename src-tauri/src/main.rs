@@ -1,0 +1,103 @@
+//! The `fleetdeck` command: the desktop app, or the same UI served over HTTP (`--headless`).
+//!
+//! Both modes are thin adapters over `fleetdeck_control::Control`; this file only parses
+//! the command line, starts the control core (and the demo fleet when asked) on one tokio
+//! runtime, and hands it to the window or to the headless server.
+
+mod headless;
+mod shell;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use fleetdeck_control::demo::{DemoConfig, DemoFleet};
+use fleetdeck_control::{Control, ControlConfig};
+use tokio_util::sync::CancellationToken;
+
+/// Port the headless server prefers when `--listen` is not given.
+const DEFAULT_HEADLESS_PORT: u16 = 8610;
+
+#[derive(Parser, Debug)]
+#[command(name = "fleetdeck", version, about = "Watch and steer an LLM serving fleet")]
+struct Cli {
+    /// Start an embedded demo fleet (emulated replicas, a router, steady traffic) and watch it.
+    #[arg(long)]
+    demo: bool,
+    /// Number of replicas in the demo fleet.
+    #[arg(long, default_value_t = 4, requires = "demo")]
+    demo_replicas: usize,
+    /// A replica to watch: its base URL (metrics at /metrics) or full metrics URL. Repeatable.
+    #[arg(long = "replica")]
+    replicas: Vec<String>,
+    /// Serve the UI and its API over HTTP instead of opening a window.
+    #[arg(long)]
+    headless: bool,
+    /// Address of the headless server (loopback unless you say otherwise).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// The SQLite history file (default: fleetdeck/history.sqlite in the user's data folder).
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// Set by WebKitWebDriver when it launches the app for UI tests; nothing to do here.
+    #[arg(long, hide = true)]
+    automation: bool,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    for url in &cli.replicas {
+        anyhow::ensure!(
+            url.starts_with("http://") || url.starts_with("https://"),
+            "--replica {url:?} is not an http(s) URL; write it like http://127.0.0.1:8100"
+        );
+    }
+    anyhow::ensure!(
+        cli.demo || !cli.replicas.is_empty(),
+        "nothing to watch: pass --demo for the embedded demo fleet, or --replica URL for each replica"
+    );
+    let db = match &cli.db {
+        Some(path) => path.clone(),
+        None => dirs::data_dir()
+            .context("cannot find the user's data folder; pass --db FILE")?
+            .join("fleetdeck")
+            .join("history.sqlite"),
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    tauri::async_runtime::set(runtime.handle().clone());
+    let cancel = CancellationToken::new();
+    let control = runtime.block_on(async {
+        let mut targets = cli.replicas.clone();
+        if cli.demo {
+            let demo = DemoFleet::start(&DemoConfig { replicas: cli.demo_replicas, ..DemoConfig::default() }, &cancel)
+                .await?;
+            println!("demo fleet: {} replicas, router at {}", demo.replica_urls.len(), demo.router_url);
+            targets.extend(demo.replica_urls);
+        }
+        println!("history: {}", db.display());
+        Control::start(ControlConfig::new(targets, db), cancel.clone()).await
+    })?;
+
+    let display = std::env::var_os("DISPLAY").is_some_and(|d| !d.is_empty())
+        || std::env::var_os("WAYLAND_DISPLAY").is_some_and(|d| !d.is_empty());
+    let context = tauri::generate_context!();
+    if cli.headless || !display {
+        if !cli.headless {
+            println!("no display found (DISPLAY and WAYLAND_DISPLAY are unset): serving the UI over HTTP instead");
+        }
+        let served = runtime.block_on(headless::run(cli.listen, control, context, cancel.clone()));
+        cancel.cancel();
+        return served;
+    }
+    let result = shell::run(control, context);
+    cancel.cancel();
+    result
+}

@@ -1,0 +1,213 @@
+//! The TTFT p95 chart, rendered by plotters to an SVG string from plain snapshot data.
+//!
+//! The fleet view sets the result as the inner HTML of its chart container. Rendering to a
+//! string (rather than drawing onto a canvas) keeps this a pure function that host tests can
+//! check, and lets the SVG scale with the page through its `viewBox`.
+
+use fleetdeck_api::Series;
+use plotters::prelude::*;
+
+use crate::format;
+
+/// Drawing size in SVG user units; the SVG scales to its container's width in CSS.
+pub const WIDTH: u32 = 1200;
+/// See [`WIDTH`].
+pub const HEIGHT: u32 = 300;
+
+/// Width of the legend column at the right of the plot.
+const LEGEND_WIDTH: u32 = 210;
+/// Longest legend label, in characters, that fits [`LEGEND_WIDTH`].
+const LEGEND_MAX_CHARS: usize = 24;
+
+/// What the chart container shows before any replica has a TTFT point in the window.
+pub const EMPTY_TEXT: &str = "waiting for the first scrapes…";
+
+/// Line colours, one per series in snapshot order (Tableau 10: distinguishable, colour-blind
+/// friendlier than the plotters defaults). The table uses the same colours for its swatches.
+pub const PALETTE: [(u8, u8, u8); 10] = [
+    (0x4e, 0x79, 0xa7),
+    (0xf2, 0x8e, 0x2b),
+    (0xe1, 0x57, 0x59),
+    (0x59, 0xa1, 0x4f),
+    (0x76, 0xb7, 0xb2),
+    (0xb0, 0x7a, 0xa1),
+    (0xed, 0xc9, 0x48),
+    (0xff, 0x9d, 0xa7),
+    (0x9c, 0x75, 0x5f),
+    (0xba, 0xb0, 0xac),
+];
+
+/// The CSS colour of the `i`-th series.
+pub fn css_colour(i: usize) -> String {
+    let (r, g, b) = PALETTE[i % PALETTE.len()];
+    format!("#{r:02x}{g:02x}{b:02x}")
+}
+
+fn colour(i: usize) -> RGBColor {
+    let (r, g, b) = PALETTE[i % PALETTE.len()];
+    RGBColor(r, g, b)
+}
+
+/// The series' points inside the window, as (seconds relative to `now_ms`, value).
+fn relative_points(series: &Series, now_ms: i64, window_s: u32) -> Vec<(f64, f64)> {
+    let window = f64::from(window_s);
+    series
+        .points
+        .iter()
+        .map(|&(t, v)| ((t - now_ms) as f64 / 1000.0, v))
+        .filter(|&(x, v)| x >= -window && x <= 0.0 && v.is_finite())
+        .collect()
+}
+
+/// The chart container's inner HTML: the SVG chart, or the empty-state note when there is
+/// nothing to draw yet (or, should plotters fail, the reason, so the failure is visible).
+pub fn chart_html(series: &[Series], now_ms: i64, window_s: u32) -> String {
+    let empty = series.iter().all(|s| relative_points(s, now_ms, window_s).is_empty());
+    if empty {
+        return format!(r#"<div class="chart-empty">{EMPTY_TEXT}</div>"#);
+    }
+    match render_svg(series, now_ms, window_s) {
+        Ok(svg) => svg,
+        Err(e) => format!(r#"<div class="chart-empty">chart unavailable: {}</div>"#, escape(&e)),
+    }
+}
+
+/// Minimal HTML escaping for text we put into inner HTML ourselves.
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// A legend label short enough for the legend column (the table has the full URL).
+fn legend_label(label: &str) -> String {
+    if label.chars().count() <= LEGEND_MAX_CHARS {
+        label.to_owned()
+    } else {
+        let head: String = label.chars().take(LEGEND_MAX_CHARS - 1).collect();
+        format!("{head}…")
+    }
+}
+
+/// TTFT p95 over the last `window_s` seconds, one line per series, x in seconds relative to
+/// `now_ms`, y in seconds.
+pub fn render_svg(series: &[Series], now_ms: i64, window_s: u32) -> Result<String, String> {
+    let lines: Vec<(&str, Vec<(f64, f64)>)> =
+        series.iter().map(|s| (format::short_url(&s.url), relative_points(s, now_ms, window_s))).collect();
+    let max_y = lines.iter().flat_map(|(_, pts)| pts.iter().map(|p| p.1)).fold(0.0_f64, f64::max);
+    // Headroom above the highest point so the line never runs along the frame, and a floor so a
+    // fleet idling at a few milliseconds does not look like a wall of noise.
+    let y_top = (max_y * 1.15).max(0.05);
+    let x_left = -f64::from(window_s);
+
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        // The legend gets its own column right of the plot: inside the plot it would hide lines.
+        let (plot_area, legend_area) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
+        let axis_colour = RGBColor(0x5f, 0x63, 0x68);
+        // plotters' SVG backend writes font-size = requested / 1.24, so 16 gives ~13px text.
+        let label_font = ("sans-serif", 16).into_font().color(&axis_colour);
+        let mut chart = ChartBuilder::on(&plot_area)
+            .margin_top(14)
+            .margin_right(16)
+            .margin_left(8)
+            .margin_bottom(6)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(x_left..0.0, 0.0..y_top)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .bold_line_style(RGBColor(0xe3, 0xe5, 0xe8))
+            .light_line_style(RGBColor(0xf3, 0xf4, 0xf6))
+            .axis_style(RGBColor(0xc4, 0xc7, 0xcc))
+            .x_labels(11)
+            .y_labels(6)
+            .x_label_formatter(&|x| if *x == 0.0 { "now".to_owned() } else { format!("{x:.0} s") })
+            .y_label_formatter(&|y| format::axis_seconds(*y))
+            .x_desc("time relative to now")
+            .y_desc("TTFT p95")
+            .label_style(label_font.clone())
+            .axis_desc_style(label_font.clone())
+            .draw()
+            .map_err(|e| e.to_string())?;
+
+        let legend_font = ("sans-serif", 16).into_font().color(&RGBColor(0x20, 0x24, 0x28));
+        for (i, (label, pts)) in lines.into_iter().enumerate() {
+            let c = colour(i);
+            // A lone point draws no line segment; a dot shows the replica is there.
+            let point_size = if pts.len() < 2 { 3 } else { 0 };
+            chart
+                .draw_series(LineSeries::new(pts, c.stroke_width(2)).point_size(point_size))
+                .map_err(|e| e.to_string())?;
+            let y = 22 + 24 * i as i32;
+            legend_area
+                .draw(&PathElement::new(vec![(4, y), (22, y)], c.stroke_width(3)))
+                .map_err(|e| e.to_string())?;
+            legend_area
+                .draw(&Text::new(legend_label(label), (30, y - 8), legend_font.clone()))
+                .map_err(|e| e.to_string())?;
+        }
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(url: &str, points: &[(i64, f64)]) -> Series {
+        Series { url: url.to_owned(), points: points.to_vec() }
+    }
+
+    #[test]
+    fn no_points_is_the_empty_state() {
+        assert!(chart_html(&[], 1_000_000, 300).contains(EMPTY_TEXT));
+        let s = [series("http://a:1/metrics", &[])];
+        assert!(chart_html(&s, 1_000_000, 300).contains(EMPTY_TEXT));
+        // Points older than the window do not count either.
+        let old = [series("http://a:1/metrics", &[(0, 0.2)])];
+        assert!(chart_html(&old, 1_000_000, 300).contains(EMPTY_TEXT));
+    }
+
+    #[test]
+    fn renders_one_line_per_series_with_a_legend() {
+        let now = 10_000_000;
+        let s = [
+            series("http://a:1/metrics", &[(now - 60_000, 0.2), (now - 30_000, 0.25), (now, 0.3)]),
+            series("http://b:2/metrics", &[(now - 60_000, 1.2), (now, 1.4)]),
+        ];
+        let html = chart_html(&s, now, 300);
+        assert!(html.starts_with("<svg"), "{html}");
+        assert!(html.contains("a:1") && html.contains("b:2"), "legend names each replica");
+        // plotters writes colours as upper-case hex; each series is a 2px line in its colour.
+        for i in 0..2 {
+            let stroke = format!(r#"stroke="{}" stroke-width="2""#, css_colour(i).to_uppercase());
+            assert_eq!(html.matches(&stroke).count(), 1, "one line for series {i}");
+        }
+        assert!(html.contains("TTFT p95"));
+        assert!(html.contains("now"));
+    }
+
+    #[test]
+    fn relative_points_clip_to_the_window() {
+        let s = series("u", &[(0, 1.0), (700_000, 2.0), (1_000_000, 3.0), (1_000_500, 4.0)]);
+        assert_eq!(relative_points(&s, 1_000_000, 300), vec![(-300.0, 2.0), (0.0, 3.0)]);
+    }
+
+    #[test]
+    fn long_legend_labels_are_cut() {
+        assert_eq!(legend_label("a:1"), "a:1");
+        let long = "very-long-hostname.example.internal:8000";
+        let cut = legend_label(long);
+        assert_eq!(cut.chars().count(), LEGEND_MAX_CHARS);
+        assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn css_colours_wrap() {
+        assert_eq!(css_colour(0), "#4e79a7");
+        assert_eq!(css_colour(10), css_colour(0));
+    }
+}

@@ -1,0 +1,160 @@
+//! Pure text formatting for the fleet view: numbers, percentages, latencies and clock times.
+//!
+//! Kept free of browser APIs so the exact strings operators read are unit-tested on the host.
+//! Every formatter maps `None` to [`NOT_PROVIDED`], because "the engine does not export this"
+//! must never look like a measured zero.
+
+/// What a cell shows when the signal is missing (not exported, or not yet scraped).
+pub const NOT_PROVIDED: &str = "—";
+
+/// A count such as queue depth or running requests. Gauges are usually integral; when the
+/// engine reports a fractional value (an average), one decimal keeps it honest.
+pub fn count(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => {
+            if (v - v.round()).abs() < 1e-9 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.1}")
+            }
+        }
+        _ => NOT_PROVIDED.to_owned(),
+    }
+}
+
+/// A ratio in 0..=1 shown as a percentage with one decimal (KV usage, prefix hit rate).
+pub fn percent(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => format!("{:.1}%", v * 100.0),
+        _ => NOT_PROVIDED.to_owned(),
+    }
+}
+
+/// A latency given in seconds, with the unit that keeps 2–3 significant digits readable:
+/// milliseconds below one second, seconds above.
+pub fn duration_s(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => {
+            let ms = v * 1000.0;
+            if ms.abs() < 10.0 {
+                format!("{ms:.1} ms")
+            } else if ms.abs() < 999.5 {
+                format!("{ms:.0} ms")
+            } else if v.abs() < 10.0 {
+                format!("{v:.2} s")
+            } else {
+                format!("{v:.1} s")
+            }
+        }
+        _ => NOT_PROVIDED.to_owned(),
+    }
+}
+
+/// Short axis-tick label for seconds (the chart's y axis), without trailing noise.
+pub fn axis_seconds(v: f64) -> String {
+    if v == 0.0 {
+        "0".to_owned()
+    } else if v.abs() < 0.1 {
+        format!("{:.0} ms", v * 1000.0)
+    } else if v.abs() < 10.0 {
+        let s = format!("{v:.2}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        format!("{s} s")
+    } else {
+        format!("{v:.0} s")
+    }
+}
+
+/// Wall-clock `HH:MM:SS` for a Unix-millisecond timestamp. `utc_offset_min` is local time minus
+/// UTC in minutes (the browser supplies it), so this stays deterministic and testable.
+pub fn clock(unix_ms: i64, utc_offset_min: i32) -> String {
+    let local_s = unix_ms.div_euclid(1000) + i64::from(utc_offset_min) * 60;
+    let day_s = local_s.rem_euclid(86_400);
+    format!("{:02}:{:02}:{:02}", day_s / 3600, (day_s / 60) % 60, day_s % 60)
+}
+
+/// The "last good scrape" line of a failing row; `None` means it has never been scraped.
+pub fn last_good_scrape(last_good_ms: Option<i64>, utc_offset_min: i32) -> String {
+    match last_good_ms {
+        Some(ms) => format!("last good scrape: {}", clock(ms, utc_offset_min)),
+        None => "last good scrape: never".to_owned(),
+    }
+}
+
+/// A replica URL without the parts every replica shares (`http://`, a trailing `/metrics`), for
+/// places with little room such as the chart legend.
+pub fn short_url(url: &str) -> &str {
+    let s = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")).unwrap_or(url);
+    let s = s.strip_suffix('/').unwrap_or(s);
+    s.strip_suffix("/metrics").unwrap_or(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_is_a_dash_and_zero_is_zero() {
+        assert_eq!(count(None), "—");
+        assert_eq!(count(Some(0.0)), "0");
+        assert_eq!(percent(None), "—");
+        assert_eq!(percent(Some(0.0)), "0.0%");
+        assert_eq!(duration_s(None), "—");
+        assert_eq!(duration_s(Some(0.0)), "0.0 ms");
+    }
+
+    #[test]
+    fn counts_show_decimals_only_when_fractional() {
+        assert_eq!(count(Some(12.0)), "12");
+        assert_eq!(count(Some(2.5)), "2.5");
+        assert_eq!(count(Some(f64::NAN)), "—");
+    }
+
+    #[test]
+    fn percentages_from_ratios() {
+        assert_eq!(percent(Some(0.4234)), "42.3%");
+        assert_eq!(percent(Some(1.0)), "100.0%");
+    }
+
+    #[test]
+    fn durations_pick_a_unit() {
+        assert_eq!(duration_s(Some(0.0042)), "4.2 ms");
+        assert_eq!(duration_s(Some(0.085)), "85 ms");
+        assert_eq!(duration_s(Some(0.9996)), "1.00 s");
+        assert_eq!(duration_s(Some(1.234)), "1.23 s");
+        assert_eq!(duration_s(Some(12.34)), "12.3 s");
+    }
+
+    #[test]
+    fn axis_ticks_are_short() {
+        assert_eq!(axis_seconds(0.0), "0");
+        assert_eq!(axis_seconds(0.05), "50 ms");
+        assert_eq!(axis_seconds(0.5), "0.5 s");
+        assert_eq!(axis_seconds(1.25), "1.25 s");
+        assert_eq!(axis_seconds(2.0), "2 s");
+        assert_eq!(axis_seconds(30.0), "30 s");
+    }
+
+    #[test]
+    fn clock_applies_the_offset_and_wraps_days() {
+        // 2024-01-01T13:04:05Z
+        let ms = 1_704_114_245_000;
+        assert_eq!(clock(ms, 0), "13:04:05");
+        assert_eq!(clock(ms, 60), "14:04:05");
+        assert_eq!(clock(ms, -14 * 60), "23:04:05");
+        assert_eq!(clock(ms + 999, 0), "13:04:05");
+    }
+
+    #[test]
+    fn last_good_line() {
+        assert_eq!(last_good_scrape(None, 0), "last good scrape: never");
+        assert_eq!(last_good_scrape(Some(1_704_114_245_000), 0), "last good scrape: 13:04:05");
+    }
+
+    #[test]
+    fn short_urls_drop_the_common_parts() {
+        assert_eq!(short_url("http://127.0.0.1:8001/metrics"), "127.0.0.1:8001");
+        assert_eq!(short_url("https://gpu-3:9000/"), "gpu-3:9000");
+        assert_eq!(short_url("gpu-3:9000/stats"), "gpu-3:9000/stats");
+    }
+}

@@ -1,0 +1,24 @@
+//! Fleetdeck's UI: a Leptos (client-side rendered) app, compiled to wasm32 and loaded by
+//! `index.html` through wasm-bindgen's `--target web` output (`ui.js` calls [`start`] on `init()`).
+//!
+//! The pure modules ([`format`], [`chart`], [`route`]) build on any target so their tests run on
+//! the host; everything that needs a browser is compiled for wasm32 only.
+
+pub mod chart;
+pub mod format;
+pub mod route;
+
+#[cfg(target_arch = "wasm32")]
+mod app;
+#[cfg(target_arch = "wasm32")]
+pub mod transport;
+
+/// Entry point run by wasm-bindgen's `init()`: mounts the app onto `<body>`.
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen::prelude::wasm_bindgen(start)]
+pub fn start() {
+    // Without a hook a Rust panic surfaces as an opaque "unreachable" trap; this puts the panic
+    // message in the devtools console instead.
+    std::panic::set_hook(Box::new(|info| web_sys::console::error_1(&info.to_string().into())));
+    leptos::mount::mount_to_body(app::App);
+}

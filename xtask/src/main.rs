@@ -1,0 +1,230 @@
+//! `cargo xtask`: the project's two set-up commands, `demo` and `test`, plus their parts.
+//!
+//! Each command installs only what is missing (Debian packages, the wasm32 target,
+//! wasm-bindgen-cli at exactly Cargo.lock's version, tauri-driver), so a second run on the
+//! same machine goes straight to building, which cargo keeps incremental. Standard library
+//! only: this crate must compile in seconds on a fresh machine.
+
+use std::env;
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+type Result<T> = std::result::Result<T, String>;
+
+/// Debian packages the app needs to build and run (Tauri 2 on WebKitGTK 4.1).
+const BUILD_PACKAGES: &[&str] = &[
+    "build-essential",
+    "pkg-config",
+    "libssl-dev",
+    "libwebkit2gtk-4.1-dev",
+    "libsoup-3.0-dev",
+    "libjavascriptcoregtk-4.1-dev",
+    "libgtk-3-dev",
+    "librsvg2-dev",
+];
+
+/// Extra Debian packages for the test suite: a virtual display, WebKit's and Chromium's
+/// WebDriver servers, and the browser itself.
+const TEST_PACKAGES: &[&str] = &["xvfb", "xauth", "webkit2gtk-driver", "chromium", "chromium-driver"];
+
+/// The tauri-driver release known to work with tauri 2 here.
+const TAURI_DRIVER_VERSION: &str = "2.1.0";
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  demo [ARGS...]   install what is missing, build the UI and the app, start the app with
+                   its embedded demo fleet (extra ARGS go to `fleetdeck`)
+  test             install what is missing, build everything (UI for wasm32 too), run
+                   formatting and lint checks and every test
+  ui               build the UI into ui/dist only
+  setup [--test]   install what is missing only";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("demo") => demo(&args[1..]),
+        Some("test") => test(),
+        Some("ui") => build_ui(),
+        Some("setup") => setup(args.get(1).is_some_and(|a| a == "--test")),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+        None => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    // xtask/ sits directly under the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The cargo target directory (honours CARGO_TARGET_DIR, as CI's cache uses it).
+fn target_dir() -> PathBuf {
+    match env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            if dir.is_absolute() { dir } else { root().join(dir) }
+        }
+        None => root().join("target"),
+    }
+}
+
+fn cargo() -> OsString {
+    env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+}
+
+/// Runs a command in the workspace root, failing with the command line if it fails.
+fn run(program: impl AsRef<std::ffi::OsStr>, args: &[&str], envs: &[(&str, &str)]) -> Result<()> {
+    let program = program.as_ref();
+    let shown = format!("{} {}", program.to_string_lossy(), args.join(" "));
+    println!("xtask: $ {shown}");
+    let status = Command::new(program)
+        .args(args)
+        .envs(envs.iter().copied())
+        .current_dir(root())
+        .status()
+        .map_err(|e| format!("cannot run `{shown}`: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("`{shown}` failed ({status})")) }
+}
+
+fn output(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn timed<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let start = Instant::now();
+    let value = f()?;
+    println!("xtask: {what} took {:.1}s", start.elapsed().as_secs_f64());
+    Ok(value)
+}
+
+fn setup(for_tests: bool) -> Result<()> {
+    let mut packages: Vec<&str> = BUILD_PACKAGES.to_vec();
+    if for_tests {
+        packages.extend_from_slice(TEST_PACKAGES);
+    }
+    timed("system packages", || install_packages(&packages))?;
+    timed("wasm32 target", ensure_wasm_target)?;
+    timed("wasm-bindgen-cli", ensure_wasm_bindgen)?;
+    if for_tests {
+        timed("tauri-driver", ensure_tauri_driver)?;
+    }
+    Ok(())
+}
+
+fn package_installed(name: &str) -> bool {
+    output("dpkg-query", &["-W", "-f=${Status}", name]).is_some_and(|s| s.contains("install ok installed"))
+}
+
+fn install_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !package_installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("xtask: installing Debian packages: {}", missing.join(" "));
+    let is_root = output("id", &["-u"]).is_some_and(|uid| uid.trim() == "0");
+    let (program, prefix): (&str, Vec<&str>) = if is_root { ("apt-get", vec![]) } else { ("sudo", vec!["apt-get"]) };
+    let env = [("DEBIAN_FRONTEND", "noninteractive")];
+    let mut update = prefix.clone();
+    update.extend(["update", "-qq"]);
+    run(program, &update, &env)?;
+    let mut install = prefix;
+    install.extend(["install", "-y", "-qq", "--no-install-recommends"]);
+    install.extend(&missing);
+    run(program, &install, &env)
+        .map_err(|e| format!("{e}\nInstall these packages by hand, then run the command again: {}", missing.join(" ")))
+}
+
+fn ensure_wasm_target() -> Result<()> {
+    let installed = output("rustup", &["target", "list", "--installed"]).unwrap_or_default();
+    if installed.lines().any(|l| l.trim() == "wasm32-unknown-unknown") {
+        return Ok(());
+    }
+    run("rustup", &["target", "add", "wasm32-unknown-unknown"], &[])
+}
+
+/// wasm-bindgen's version in Cargo.lock; the CLI must match it exactly.
+fn locked_wasm_bindgen_version() -> Result<String> {
+    let lock = fs::read_to_string(root().join("Cargo.lock")).map_err(|e| format!("cannot read Cargo.lock: {e}"))?;
+    let mut lines = lock.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() == "name = \"wasm-bindgen\"" {
+            if let Some(version) = lines.next().and_then(|l| l.trim().strip_prefix("version = \"")) {
+                return Ok(version.trim_end_matches('"').to_string());
+            }
+        }
+    }
+    Err("Cargo.lock has no wasm-bindgen package; build the ui crate once to add it".into())
+}
+
+fn ensure_wasm_bindgen() -> Result<()> {
+    let wanted = locked_wasm_bindgen_version()?;
+    let have = output("wasm-bindgen", &["--version"]).unwrap_or_default();
+    if have.split_whitespace().nth(1) == Some(wanted.as_str()) {
+        return Ok(());
+    }
+    // Not --locked: the CLI's own lock file pins a crate version that has left the index.
+    run(cargo(), &["install", "wasm-bindgen-cli", "--version", &wanted], &[])
+}
+
+fn ensure_tauri_driver() -> Result<()> {
+    let have = output("tauri-driver", &["--version"]).unwrap_or_default();
+    if have.contains(TAURI_DRIVER_VERSION) {
+        return Ok(());
+    }
+    run(cargo(), &["install", "tauri-driver", "--version", TAURI_DRIVER_VERSION], &[])
+}
+
+/// Builds the Leptos UI to wasm and lays out ui/dist (what Tauri embeds).
+fn build_ui() -> Result<()> {
+    timed("UI build", || {
+        run(cargo(), &["build", "-p", "ui", "--target", "wasm32-unknown-unknown", "--release"], &[])?;
+        let wasm = target_dir().join("wasm32-unknown-unknown/release/ui.wasm");
+        let dist = root().join("ui/dist");
+        fs::create_dir_all(&dist).map_err(|e| format!("cannot create {}: {e}", dist.display()))?;
+        let wasm_arg = wasm.to_string_lossy().into_owned();
+        let dist_arg = dist.to_string_lossy().into_owned();
+        run("wasm-bindgen", &["--target", "web", "--no-typescript", "--out-dir", &dist_arg, &wasm_arg], &[])?;
+        for file in ["index.html", "style.css"] {
+            fs::copy(root().join("ui").join(file), dist.join(file)).map_err(|e| format!("cannot copy ui/{file}: {e}"))?;
+        }
+        Ok(())
+    })
+}
+
+fn demo(extra: &[String]) -> Result<()> {
+    setup(false)?;
+    build_ui()?;
+    timed("app build", || run(cargo(), &["build", "--release", "-p", "fleetdeck"], &[]))?;
+    let app = target_dir().join("release/fleetdeck");
+    let mut args = vec!["--demo".to_string()];
+    args.extend_from_slice(extra);
+    println!("xtask: starting {} {}", app.display(), args.join(" "));
+    let status = Command::new(&app).args(&args).status().map_err(|e| format!("cannot start {}: {e}", app.display()))?;
+    if status.success() { Ok(()) } else { Err(format!("fleetdeck exited with {status}")) }
+}
+
+fn test() -> Result<()> {
+    setup(true)?;
+    build_ui()?;
+    timed("format check", || run(cargo(), &["fmt", "--all", "--", "--check"], &[]))?;
+    timed("build", || run(cargo(), &["build", "--workspace", "--bins"], &[]))?;
+    timed("lints", || run(cargo(), &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &[]))?;
+    let bin_dir = target_dir().join("debug");
+    let bin_dir = bin_dir.to_string_lossy().into_owned();
+    timed("tests", || run(cargo(), &["test", "--workspace", "--no-fail-fast"], &[("FLEETDECK_BIN_DIR", &bin_dir)]))
+}
