@@ -34,9 +34,33 @@ pub fn artifacts_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// A child process killed when dropped.
+/// A child process, killed with every process it started when dropped.
+///
+/// Children run in their own process group so that helpers they spawn (tauri-driver starts
+/// WebKitWebDriver, which starts the app) die with them instead of outliving the test and
+/// holding its output pipes open.
 pub struct ChildProcess {
     pub child: Child,
+}
+
+impl ChildProcess {
+    /// Starts `command` as the leader of a new process group.
+    pub fn spawn(command: &mut Command) -> std::io::Result<Self> {
+        Ok(Self { child: command.process_group(0).kill_on_drop(true).spawn()? })
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            // Signal the whole group (negative pid); `kill` keeps this crate free of unsafe.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
 }
 
 /// Starts `program` and reads its stdout until a line starts with `marker`; returns the
@@ -48,16 +72,16 @@ pub async fn spawn_and_await_line(
     marker: &str,
     deadline: Duration,
 ) -> Result<(ChildProcess, String)> {
-    let mut child = Command::new(program)
-        .args(args)
-        .envs(envs.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start {}", program.display()))?;
-    let stdout = child.stdout.take().context("no stdout")?;
+    let mut process = ChildProcess::spawn(
+        Command::new(program)
+            .args(args)
+            .envs(envs.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit()),
+    )
+    .with_context(|| format!("cannot start {}", program.display()))?;
+    let stdout = process.child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let found = tokio::time::timeout(deadline, async {
         while let Some(line) = lines.next_line().await? {
@@ -70,12 +94,12 @@ pub async fn spawn_and_await_line(
     .await
     .with_context(|| format!("{} printed no line starting with {marker:?} within {deadline:?}", program.display()))??;
     let Some(rest) = found else {
-        let status = child.wait().await?;
+        let status = process.child.wait().await?;
         bail!("{} exited ({status}) before printing {marker:?}", program.display());
     };
     // Keep draining stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((ChildProcess { child }, rest))
+    Ok((process, rest))
 }
 
 /// The headless app, serving its UI and API until dropped.

@@ -28,6 +28,9 @@ pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Longest wait for a browser or the app window to start.
+const SESSION_DEADLINE: Duration = Duration::from_secs(90);
+
 fn connector() -> HttpConnector {
     HttpConnector::new()
 }
@@ -67,10 +70,11 @@ pub async fn chromium_session(driver: &Driver) -> Result<Client> {
 
 async fn connect(driver: &Driver, capabilities: Value) -> Result<Client> {
     let Value::Object(capabilities) = capabilities else { unreachable!("capabilities are an object") };
-    ClientBuilder::new(connector())
-        .capabilities(capabilities)
-        .connect(&driver.url)
+    let mut builder = ClientBuilder::new(connector());
+    builder.capabilities(capabilities);
+    tokio::time::timeout(SESSION_DEADLINE, builder.connect(&driver.url))
         .await
+        .with_context(|| format!("no WebDriver session at {} within {SESSION_DEADLINE:?}", driver.url))?
         .with_context(|| format!("cannot open a WebDriver session at {}", driver.url))
 }
 
@@ -95,20 +99,25 @@ pub async fn xvfb() -> Result<Xvfb> {
 pub async fn tauri_driver(display: &str) -> Result<Driver> {
     let (port, native_port) = (free_port()?, free_port()?);
     let program = which("tauri-driver")?;
-    let child = Command::new(&program)
-        .args(["--port", &port.to_string(), "--native-port", &native_port.to_string()])
-        .args(["--native-driver", "/usr/bin/WebKitWebDriver"])
-        .env("DISPLAY", display)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start {}", program.display()))?;
+    // The driver, WebKitWebDriver and the app log to a file rather than to the test's own
+    // output, which they must not hold open.
+    let log = std::fs::File::create(crate::process::artifacts_dir()?.join("tauri-driver.log"))?;
+    let process = ChildProcess::spawn(
+        Command::new(&program)
+            .args(["--port", &port.to_string(), "--native-port", &native_port.to_string()])
+            .args(["--native-driver", "/usr/bin/WebKitWebDriver"])
+            .env("DISPLAY", display)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log),
+    )
+    .with_context(|| format!("cannot start {}", program.display()))?;
     let url = format!("http://127.0.0.1:{port}");
     eventually("tauri-driver to accept connections", Duration::from_secs(30), || async {
         Ok(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ()))
     })
     .await?;
-    Ok(Driver { _process: ChildProcess { child }, url, _profile: None })
+    Ok(Driver { _process: process, url, _profile: None })
 }
 
 /// Opens a session that launches the Tauri `application` with `args` in a real window.

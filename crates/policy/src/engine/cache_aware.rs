@@ -7,11 +7,23 @@ use super::{Engine, PickInProgress, argmin_by};
 use crate::decision::Branch;
 use crate::kv_event::Medium;
 use crate::prefix_index::PrefixIndex;
+use crate::replica::ReplicaId;
 use crate::request::RequestView;
 use crate::spec::{CacheAwareParams, KvPreciseParams, LoadMetric, PrefixSource, WeightedScorersParams};
 
 /// Metrics older than this are flagged in the explanation as stale.
 const STALE_METRICS_MS: u64 = 10_000;
+/// Replicas named in one note before the rest are counted instead (keeps picks cheap at 256 replicas).
+const NAMES_PER_NOTE: usize = 8;
+
+/// "r1, r3" or "r1, ..., r8 and 40 more".
+fn name_list(names: &[ReplicaId]) -> String {
+    let mut text = names.iter().take(NAMES_PER_NOTE).map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    if names.len() > NAMES_PER_NOTE {
+        text.push_str(&format!(" and {} more", names.len() - NAMES_PER_NOTE));
+    }
+    text
+}
 
 /// Matches the prompt against `index` and records each candidate's matched blocks.
 fn fill_matches(pick: &mut PickInProgress, index: &PrefixIndex, view: &RequestView) {
@@ -119,7 +131,7 @@ pub(super) fn precise<R: RngCore + ?Sized>(
             + params.decode_weight * state.active_decode_blocks as f64;
         pick.candidates[position].cost = Some(cost);
         if state.kv_events == 0 && state.healthy {
-            silent.push(state.id.to_string());
+            silent.push(state.id);
         }
     }
     let cost = |pick: &PickInProgress, p: usize| pick.candidates[p].cost.unwrap_or(f64::INFINITY);
@@ -150,7 +162,7 @@ pub(super) fn precise<R: RngCore + ?Sized>(
     if !silent.is_empty() {
         pick.notes.push(format!(
             "no KV events received from {}: their cached blocks are unknown and counted as none",
-            silent.join(", ")
+            name_list(&silent)
         ));
     }
     if params.temperature <= 0.0 {
@@ -210,7 +222,7 @@ pub(super) fn weighted(
         match state.metrics {
             Some((metrics, at_ms)) => {
                 if now_ms.saturating_sub(at_ms) > STALE_METRICS_MS {
-                    stale.push(format!("{} ({} ms old)", state.id, now_ms - at_ms));
+                    stale.push(state.id);
                 }
                 if metrics.queue_depth > params.max_queue_depth {
                     pick.candidates[position].eligible = false;
@@ -229,18 +241,18 @@ pub(super) fn weighted(
                     continue;
                 }
             }
-            None => unreported.push(state.id.to_string()),
+            None => unreported.push(state.id),
         }
         eligible.push(position);
     }
     if !unreported.is_empty() {
         pick.notes.push(format!(
             "no metrics reported by {}: queue counted as 0, running as the router's outstanding count, KV usage as 0",
-            unreported.join(", ")
+            name_list(&unreported)
         ));
     }
     if !stale.is_empty() {
-        pick.notes.push(format!("stale metrics from {}", stale.join(", ")));
+        pick.notes.push(format!("metrics older than {STALE_METRICS_MS} ms from {}", name_list(&stale)));
     }
     let all_filtered = eligible.is_empty();
     if all_filtered {
