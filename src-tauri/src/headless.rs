@@ -38,7 +38,9 @@ pub async fn run(
             if !addr.ip().is_loopback() {
                 tracing::warn!(%addr, "serving beyond loopback: anyone who can reach this address sees the fleet");
             }
-            TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}; pick another --listen"))?
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}; pick another --listen"))?
         }
         None => match TcpListener::bind(("127.0.0.1", crate::DEFAULT_HEADLESS_PORT)).await {
             Ok(listener) => listener,
@@ -58,13 +60,23 @@ pub async fn run(
 }
 
 fn router(served: Arc<Served>) -> Router {
-    Router::new().route("/api/{command}", post(api)).route("/", get(asset)).route("/{*path}", get(asset)).with_state(served)
+    Router::new()
+        .route("/api/{command}", post(api))
+        .route("/", get(asset))
+        .route("/{*path}", get(asset))
+        .with_state(served)
 }
 
-async fn api(State(served): State<Arc<Served>>, Path(command): Path<String>, body: axum::body::Bytes) -> Response {
+async fn api(
+    State(served): State<Arc<Served>>,
+    Path(command): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
     let result = match command.as_str() {
         CMD_FLEET_SNAPSHOT => match parse_args::<FleetSnapshotArgs>(&body) {
-            Ok(args) => served.control.fleet_snapshot(args).await.map(|s| serde_json::to_value(s).unwrap_or_default()),
+            Ok(args) => {
+                served.control.fleet_snapshot(args).await.map(|s| serde_json::to_value(s).unwrap_or_default())
+            }
             Err(error) => Err(error),
         },
         other => Err(ApiError::new("unknown_command", format!("there is no command {other:?}"))),
@@ -102,7 +114,8 @@ async fn asset(State(served): State<Arc<Served>>, uri: Uri) -> Response {
                 Cow::Borrowed(b) => b.to_vec(),
                 Cow::Owned(b) => b,
             };
-            ([(header::CONTENT_TYPE, mime_of(path)), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+            ([(header::CONTENT_TYPE, mime_of(path)), (header::CACHE_CONTROL, "no-cache")], body)
+                .into_response()
         }
         None => (StatusCode::NOT_FOUND, format!("no UI file at {path}")).into_response(),
     }

@@ -5,6 +5,8 @@
 //! runtime, and hands it to the window or to the headless server.
 
 mod headless;
+mod history;
+mod probe;
 mod shell;
 
 use std::net::SocketAddr;
@@ -20,8 +22,16 @@ use tokio_util::sync::CancellationToken;
 const DEFAULT_HEADLESS_PORT: u16 = 8610;
 
 #[derive(Parser, Debug)]
-#[command(name = "fleetdeck", version, about = "Watch and steer an LLM serving fleet")]
+#[command(
+    name = "fleetdeck",
+    version,
+    about = "Watch and steer an LLM serving fleet",
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
+    /// Command-line tools; without one, the app starts.
+    #[command(subcommand)]
+    tool: Option<Tool>,
     /// Start an embedded demo fleet (emulated replicas, a router, steady traffic) and watch it.
     #[arg(long)]
     demo: bool,
@@ -45,6 +55,15 @@ struct Cli {
     automation: bool,
 }
 
+/// Tools for operators and scripts that run without the window.
+#[derive(clap::Subcommand, Debug)]
+enum Tool {
+    /// Scrape one metrics endpoint twice and print its engine and signals.
+    Probe(probe::ProbeArgs),
+    /// Query the history database.
+    History(history::HistoryArgs),
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -53,6 +72,11 @@ fn main() -> Result<()> {
         )
         .init();
     let cli = Cli::parse();
+    match cli.tool {
+        Some(Tool::Probe(args)) => return probe::run(args),
+        Some(Tool::History(args)) => return history::run(args),
+        None => {}
+    }
     for url in &cli.replicas {
         anyhow::ensure!(
             url.starts_with("http://") || url.starts_with("https://"),
@@ -77,8 +101,11 @@ fn main() -> Result<()> {
     let control = runtime.block_on(async {
         let mut targets = cli.replicas.clone();
         if cli.demo {
-            let demo = DemoFleet::start(&DemoConfig { replicas: cli.demo_replicas, ..DemoConfig::default() }, &cancel)
-                .await?;
+            let demo = DemoFleet::start(
+                &DemoConfig { replicas: cli.demo_replicas, ..DemoConfig::default() },
+                &cancel,
+            )
+            .await?;
             println!("demo fleet: {} replicas, router at {}", demo.replica_urls.len(), demo.router_url);
             targets.extend(demo.replica_urls);
         }
@@ -91,7 +118,9 @@ fn main() -> Result<()> {
     let context = tauri::generate_context!();
     if cli.headless || !display {
         if !cli.headless {
-            println!("no display found (DISPLAY and WAYLAND_DISPLAY are unset): serving the UI over HTTP instead");
+            println!(
+                "no display found (DISPLAY and WAYLAND_DISPLAY are unset): serving the UI over HTTP instead"
+            );
         }
         let served = runtime.block_on(headless::run(cli.listen, control, context, cancel.clone()));
         cancel.cancel();

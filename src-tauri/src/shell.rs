@@ -5,7 +5,10 @@ use fleetdeck_api::{ApiError, FleetSnapshot, FleetSnapshotArgs};
 use fleetdeck_control::Control;
 
 #[tauri::command]
-async fn fleet_snapshot(control: tauri::State<'_, Control>, args: FleetSnapshotArgs) -> Result<FleetSnapshot, ApiError> {
+async fn fleet_snapshot(
+    control: tauri::State<'_, Control>,
+    args: FleetSnapshotArgs,
+) -> Result<FleetSnapshot, ApiError> {
     control.fleet_snapshot(args).await
 }
 

@@ -42,9 +42,11 @@ async fn headless_app_shows_live_replicas_and_isolates_broken_endpoints() -> Res
     let api = app.api("fleet_snapshot");
     let live = eventually("both replicas to report a hit rate and TTFT", Duration::from_secs(60), || async {
         let snap = snapshot(&client, &api).await?;
-        let ready = snap.replicas[..2]
-            .iter()
-            .all(|r| r.signals.hit_rate.is_some() && r.signals.ttft_p95_s.is_some() && r.engine.as_deref() == Some("vllm"));
+        let ready = snap.replicas[..2].iter().all(|r| {
+            r.signals.hit_rate.is_some()
+                && r.signals.ttft_p95_s.is_some()
+                && r.engine.as_deref() == Some("vllm")
+        });
         Ok(ready.then_some(snap))
     })
     .await?;
@@ -80,7 +82,8 @@ async fn headless_app_shows_live_replicas_and_isolates_broken_endpoints() -> Res
     drop(sim);
     let after = eventually("the stopped replicas to show errors", Duration::from_secs(30), || async {
         let snap = snapshot(&client, &api).await?;
-        Ok(matches!(snap.replicas[0].scrape, ScrapeState::Error { last_good_ms: Some(_), .. }).then_some(snap))
+        Ok(matches!(snap.replicas[0].scrape, ScrapeState::Error { last_good_ms: Some(_), .. })
+            .then_some(snap))
     })
     .await?;
     assert!(after.replicas[0].signals.queue_depth.is_some());

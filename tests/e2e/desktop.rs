@@ -17,7 +17,8 @@ async fn the_desktop_window_shows_the_fleet_table_and_chart() -> Result<()> {
     let router = spawn_router(sim.urls()).await?;
     let _traffic = steady_traffic(router.url());
     let db_dir = tempfile::tempdir()?;
-    let mut args = vec!["--db".to_string(), db_dir.path().join("history.sqlite").to_string_lossy().into_owned()];
+    let mut args =
+        vec!["--db".to_string(), db_dir.path().join("history.sqlite").to_string_lossy().into_owned()];
     for url in sim.urls() {
         args.extend(["--replica".to_string(), url.clone()]);
     }
@@ -26,11 +27,12 @@ async fn the_desktop_window_shows_the_fleet_table_and_chart() -> Result<()> {
     let driver = tauri_driver(&display.display).await?;
     let window = tauri_session(&driver, &bin_path("fleetdeck")?, &args).await?;
 
-    let first = eventually("four replica rows with numbers in the window", Duration::from_secs(90), || async {
-        let rows = row_texts(&window).await?;
-        Ok((rows.len() == 4 && rows.iter().all(|r| r.contains('%'))).then_some(rows))
-    })
-    .await?;
+    let first =
+        eventually("four replica rows with numbers in the window", Duration::from_secs(90), || async {
+            let rows = row_texts(&window).await?;
+            Ok((rows.len() == 4 && rows.iter().all(|r| r.contains('%'))).then_some(rows))
+        })
+        .await?;
     eventually("the window's numbers to change", Duration::from_secs(60), || async {
         let rows = row_texts(&window).await?;
         Ok((rows.len() == 4 && rows != first).then_some(()))

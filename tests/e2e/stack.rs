@@ -39,8 +39,10 @@ async fn a_streamed_chat_passes_through_the_router_in_order_and_moves_the_replic
     let tokens_before = counter(&client, &sim.urls()[0], "vllm:generation_tokens_total").await?
         + counter(&client, &sim.urls()[1], "vllm:generation_tokens_total").await?;
 
-    let messages = json!([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi"}]);
-    let body = json!({"model": fleet_sim::DEFAULT_MODEL, "messages": messages, "max_tokens": 40, "stream": true});
+    let messages =
+        json!([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi"}]);
+    let body =
+        json!({"model": fleet_sim::DEFAULT_MODEL, "messages": messages, "max_tokens": 40, "stream": true});
     let response = client.post(format!("{}/v1/chat/completions", router.url())).json(&body).send().await?;
     assert_eq!(response.status(), 200);
     assert!(response.headers()["content-type"].to_str()?.starts_with("text/event-stream"));
@@ -61,7 +63,8 @@ async fn a_streamed_chat_passes_through_the_router_in_order_and_moves_the_replic
 
     // The same request without streaming yields the same text: the tokens arrived in order.
     let body = json!({"messages": messages, "max_tokens": 40});
-    let whole: Value = client.post(format!("{}/v1/chat/completions", router.url())).json(&body).send().await?.json().await?;
+    let whole: Value =
+        client.post(format!("{}/v1/chat/completions", router.url())).json(&body).send().await?.json().await?;
     assert_eq!(whole["choices"][0]["message"]["content"].as_str(), Some(deltas.concat().as_str()));
     assert_eq!(whole["usage"]["completion_tokens"], 40);
 
@@ -105,8 +108,11 @@ async fn an_unreachable_replica_is_skipped_and_bad_requests_are_explained() -> R
     let router = spawn_router(&[dead, sim.urls()[0].clone()]).await?;
     let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
     for _ in 0..2 {
-        let response =
-            client.post(format!("{}/v1/completions", router.url())).json(&json!({"prompt": "x"})).send().await?;
+        let response = client
+            .post(format!("{}/v1/completions", router.url()))
+            .json(&json!({"prompt": "x"}))
+            .send()
+            .await?;
         assert_eq!(response.status(), 200);
         assert_eq!(response.headers()[fleet_router::proxy::REPLICA_HEADER], sim.urls()[0].as_str());
     }

@@ -28,7 +28,8 @@ const BUILD_PACKAGES: &[&str] = &[
 
 /// Extra Debian packages for the test suite: a virtual display, WebKit's and Chromium's
 /// WebDriver servers, and the browser itself.
-const TEST_PACKAGES: &[&str] = &["xvfb", "xauth", "webkit2gtk-driver", "chromium", "chromium-driver"];
+const TEST_PACKAGES: &[&str] =
+    &["xvfb", "xauth", "webkit2gtk-driver", "chromium", "chromium-driver", "prometheus"];
 
 /// The tauri-driver release known to work with tauri 2 here.
 const TAURI_DRIVER_VERSION: &str = "2.1.0";
@@ -68,7 +69,10 @@ fn main() -> ExitCode {
 
 fn root() -> PathBuf {
     // xtask/ sits directly under the workspace root.
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// The cargo target directory (honours CARGO_TARGET_DIR, as CI's cache uses it).
@@ -137,7 +141,8 @@ fn install_packages(packages: &[&str]) -> Result<()> {
     }
     println!("xtask: installing Debian packages: {}", missing.join(" "));
     let is_root = output("id", &["-u"]).is_some_and(|uid| uid.trim() == "0");
-    let (program, prefix): (&str, Vec<&str>) = if is_root { ("apt-get", vec![]) } else { ("sudo", vec!["apt-get"]) };
+    let (program, prefix): (&str, Vec<&str>) =
+        if is_root { ("apt-get", vec![]) } else { ("sudo", vec!["apt-get"]) };
     let env = [("DEBIAN_FRONTEND", "noninteractive")];
     let mut update = prefix.clone();
     update.extend(["update", "-qq"]);
@@ -145,8 +150,9 @@ fn install_packages(packages: &[&str]) -> Result<()> {
     let mut install = prefix;
     install.extend(["install", "-y", "-qq", "--no-install-recommends"]);
     install.extend(&missing);
-    run(program, &install, &env)
-        .map_err(|e| format!("{e}\nInstall these packages by hand, then run the command again: {}", missing.join(" ")))
+    run(program, &install, &env).map_err(|e| {
+        format!("{e}\nInstall these packages by hand, then run the command again: {}", missing.join(" "))
+    })
 }
 
 fn ensure_wasm_target() -> Result<()> {
@@ -159,7 +165,8 @@ fn ensure_wasm_target() -> Result<()> {
 
 /// wasm-bindgen's version in Cargo.lock; the CLI must match it exactly.
 fn locked_wasm_bindgen_version() -> Result<String> {
-    let lock = fs::read_to_string(root().join("Cargo.lock")).map_err(|e| format!("cannot read Cargo.lock: {e}"))?;
+    let lock =
+        fs::read_to_string(root().join("Cargo.lock")).map_err(|e| format!("cannot read Cargo.lock: {e}"))?;
     let mut lines = lock.lines();
     while let Some(line) = lines.next() {
         if line.trim() == "name = \"wasm-bindgen\"" {
@@ -200,7 +207,8 @@ fn build_ui() -> Result<()> {
         let dist_arg = dist.to_string_lossy().into_owned();
         run("wasm-bindgen", &["--target", "web", "--no-typescript", "--out-dir", &dist_arg, &wasm_arg], &[])?;
         for file in ["index.html", "style.css"] {
-            fs::copy(root().join("ui").join(file), dist.join(file)).map_err(|e| format!("cannot copy ui/{file}: {e}"))?;
+            fs::copy(root().join("ui").join(file), dist.join(file))
+                .map_err(|e| format!("cannot copy ui/{file}: {e}"))?;
         }
         Ok(())
     })
@@ -214,7 +222,10 @@ fn demo(extra: &[String]) -> Result<()> {
     let mut args = vec!["--demo".to_string()];
     args.extend_from_slice(extra);
     println!("xtask: starting {} {}", app.display(), args.join(" "));
-    let status = Command::new(&app).args(&args).status().map_err(|e| format!("cannot start {}: {e}", app.display()))?;
+    let status = Command::new(&app)
+        .args(&args)
+        .status()
+        .map_err(|e| format!("cannot start {}: {e}", app.display()))?;
     if status.success() { Ok(()) } else { Err(format!("fleetdeck exited with {status}")) }
 }
 
@@ -223,8 +234,12 @@ fn test() -> Result<()> {
     build_ui()?;
     timed("format check", || run(cargo(), &["fmt", "--all", "--", "--check"], &[]))?;
     timed("build", || run(cargo(), &["build", "--workspace", "--bins"], &[]))?;
-    timed("lints", || run(cargo(), &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &[]))?;
+    timed("lints", || {
+        run(cargo(), &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &[])
+    })?;
     let bin_dir = target_dir().join("debug");
     let bin_dir = bin_dir.to_string_lossy().into_owned();
-    timed("tests", || run(cargo(), &["test", "--workspace", "--no-fail-fast"], &[("FLEETDECK_BIN_DIR", &bin_dir)]))
+    timed("tests", || {
+        run(cargo(), &["test", "--workspace", "--no-fail-fast"], &[("FLEETDECK_BIN_DIR", &bin_dir)])
+    })
 }

@@ -40,17 +40,23 @@ impl DemoFleet {
     pub async fn start(config: &DemoConfig, cancel: &CancellationToken) -> Result<Self> {
         let mut listeners = Vec::new();
         for _ in 0..config.replicas {
-            listeners.push(TcpListener::bind("127.0.0.1:0").await.context("cannot bind a demo replica on 127.0.0.1")?);
+            listeners.push(
+                TcpListener::bind("127.0.0.1:0").await.context("cannot bind a demo replica on 127.0.0.1")?,
+            );
         }
         let fleet = Fleet::spawn(listeners, fleet_sim::DEFAULT_MODEL, &ModelConfig::default(), cancel)?;
         let replica_urls = fleet.urls.clone();
 
-        let router_listener = TcpListener::bind("127.0.0.1:0").await.context("cannot bind the demo router")?;
+        let router_listener =
+            TcpListener::bind("127.0.0.1:0").await.context("cannot bind the demo router")?;
         let router_url = format!("http://{}", router_listener.local_addr()?);
-        let router_config = fleet_router::RouterConfig { replicas: replica_urls.clone(), ..Default::default() };
+        let router_config =
+            fleet_router::RouterConfig { replicas: replica_urls.clone(), ..Default::default() };
         let stop = cancel.clone();
         tokio::spawn(async move {
-            if let Err(error) = fleet_router::serve(router_listener, router_config, stop.cancelled_owned()).await {
+            if let Err(error) =
+                fleet_router::serve(router_listener, router_config, stop.cancelled_owned()).await
+            {
                 tracing::error!(%error, "demo router stopped");
             }
         });

@@ -91,14 +91,20 @@ impl Control {
     /// Opens the history and starts scraping `config.targets` until `cancel` fires.
     pub async fn start(config: ControlConfig, cancel: CancellationToken) -> Result<Self> {
         if let Some(dir) = config.db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create the folder {} for the history database", dir.display()))?;
+            std::fs::create_dir_all(dir).with_context(|| {
+                format!("cannot create the folder {} for the history database", dir.display())
+            })?;
         }
         let store = Store::open(&config.db_path).await?;
         let targets = config
             .targets
             .iter()
-            .map(|url| Target { url: url.clone(), last_reading: None, signals: Signals::default(), scrape: ScrapeState::Pending })
+            .map(|url| Target {
+                url: url.clone(),
+                last_reading: None,
+                signals: Signals::default(),
+                scrape: ScrapeState::Pending,
+            })
             .collect();
         let control = Self { inner: Arc::new(Inner { targets: Mutex::new(targets), store: store.clone() }) };
         let client = reqwest::Client::builder()
@@ -152,7 +158,10 @@ impl Control {
     }
 
     /// Folds one round of scrape results into the state; returns the rows to store.
-    fn apply(&self, results: Vec<(String, Result<Reading, fleet_telemetry::ScrapeError>, i64)>) -> Vec<SampleRow> {
+    fn apply(
+        &self,
+        results: Vec<(String, Result<Reading, fleet_telemetry::ScrapeError>, i64)>,
+    ) -> Vec<SampleRow> {
         let mut targets = self.targets();
         let mut samples = Vec::new();
         for (url, result, at_ms) in results {
@@ -171,7 +180,10 @@ impl Control {
                 }
                 Err(error) => {
                     tracing::debug!(%url, %error, "scrape failed");
-                    target.scrape = ScrapeState::Error { message: error.to_string(), last_good_ms: target.last_good_ms() };
+                    target.scrape = ScrapeState::Error {
+                        message: error.to_string(),
+                        last_good_ms: target.last_good_ms(),
+                    };
                 }
             }
         }

@@ -29,7 +29,11 @@ async fn main() -> Result<()> {
     let listener = TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("cannot listen on {}; pick another --listen address", cli.listen))?;
-    println!("fleet-router listening on http://{} over {} replicas", listener.local_addr()?, cli.replicas.len());
+    println!(
+        "fleet-router listening on http://{} over {} replicas",
+        listener.local_addr()?,
+        cli.replicas.len()
+    );
     let config = RouterConfig { replicas: cli.replicas, ..RouterConfig::default() };
     fleet_router::serve(listener, config, async {
         let _ = tokio::signal::ctrl_c().await;

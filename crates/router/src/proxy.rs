@@ -110,7 +110,10 @@ async fn forward(proxy: &Proxy, method: Method, path: &str, headers: &HeaderMap,
     let snapshot = proxy.balancer.snapshot();
     let plan = proxy.balancer.plan(&snapshot);
     if plan.is_empty() {
-        return openai_error(StatusCode::SERVICE_UNAVAILABLE, "the router has no replicas configured; add one with --replica URL");
+        return openai_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the router has no replicas configured; add one with --replica URL",
+        );
     }
     let mut last_error = String::new();
     for index in plan {
@@ -132,7 +135,10 @@ async fn forward(proxy: &Proxy, method: Method, path: &str, headers: &HeaderMap,
             }
         }
     }
-    openai_error(StatusCode::BAD_GATEWAY, &format!("no replica could serve the request; last error: {last_error}"))
+    openai_error(
+        StatusCode::BAD_GATEWAY,
+        &format!("no replica could serve the request; last error: {last_error}"),
+    )
 }
 
 /// Streams an upstream response to the client chunk by chunk.

@@ -62,7 +62,8 @@ mod tests {
 
     #[test]
     fn round_robin_visits_every_replica_in_turn_with_fallbacks() {
-        let balancer = Balancer::new(Upstreams::new(["http://a/".to_string(), "http://b".into(), "http://c".into()]));
+        let balancer =
+            Balancer::new(Upstreams::new(["http://a/".to_string(), "http://b".into(), "http://c".into()]));
         let snapshot = balancer.snapshot();
         assert_eq!(snapshot.replicas[0], "http://a");
         let firsts: Vec<usize> = (0..6).map(|_| balancer.plan(&snapshot)[0]).collect();

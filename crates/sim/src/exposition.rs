@@ -78,7 +78,8 @@ pub fn render_vllm(metrics: &ReplicaMetrics, model_name: &str) -> String {
     let labels = format!("model_name=\"{}\",engine=\"0\"", escape_label(model_name));
     let mut out = String::with_capacity(4096);
     let gauge = |out: &mut String, name: &str, help: &str, value: f64| {
-        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {}\n", float(value));
+        let _ =
+            write!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {}\n", float(value));
     };
     let counter = |out: &mut String, name: &str, help: &str, value: u64| {
         let _ = write!(
@@ -96,8 +97,18 @@ pub fn render_vllm(metrics: &ReplicaMetrics, model_name: &str) -> String {
         "Number of requests in model execution batches.",
         metrics.running as f64,
     );
-    gauge(&mut out, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", metrics.waiting as f64);
-    gauge(&mut out, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", metrics.kv_usage);
+    gauge(
+        &mut out,
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        metrics.waiting as f64,
+    );
+    gauge(
+        &mut out,
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        metrics.kv_usage,
+    );
     counter(
         &mut out,
         "vllm:prefix_cache_queries",
@@ -111,7 +122,12 @@ pub fn render_vllm(metrics: &ReplicaMetrics, model_name: &str) -> String {
         metrics.prefix_hits_tokens,
     );
     counter(&mut out, "vllm:prompt_tokens", "Number of prefill tokens processed.", metrics.prompt_tokens);
-    counter(&mut out, "vllm:generation_tokens", "Number of generation tokens processed.", metrics.generation_tokens);
+    counter(
+        &mut out,
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        metrics.generation_tokens,
+    );
 
     let name = "vllm:time_to_first_token_seconds";
     let help = "Histogram of time to first token in seconds.";
@@ -119,7 +135,8 @@ pub fn render_vllm(metrics: &ReplicaMetrics, model_name: &str) -> String {
     let mut cumulative = 0;
     for (bound, count) in metrics.ttft.bounds.iter().zip(&metrics.ttft.counts) {
         cumulative += count;
-        let _ = writeln!(out, "{name}_bucket{{le=\"{}\",{labels}}} {}", float(*bound), float(cumulative as f64));
+        let _ =
+            writeln!(out, "{name}_bucket{{le=\"{}\",{labels}}} {}", float(*bound), float(cumulative as f64));
     }
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\",{labels}}} {}", float(metrics.ttft.count as f64));
     let _ = writeln!(out, "{name}_count{{{labels}}} {}", float(metrics.ttft.count as f64));
@@ -134,7 +151,11 @@ pub fn render_vllm(metrics: &ReplicaMetrics, model_name: &str) -> String {
 
 /// Python's `repr(float)`: integral values keep a `.0`.
 fn float(value: f64) -> String {
-    if value.is_finite() && value.fract() == 0.0 && value.abs() < 1e16 { format!("{value:.1}") } else { format!("{value}") }
+    if value.is_finite() && value.fract() == 0.0 && value.abs() < 1e16 {
+        format!("{value:.1}")
+    } else {
+        format!("{value}")
+    }
 }
 
 fn escape_label(value: &str) -> String {
@@ -157,14 +178,18 @@ mod tests {
         assert!(text.contains("# TYPE vllm:num_requests_running gauge\n"));
         assert!(text.contains("vllm:num_requests_running{model_name=\"demo\\\"model\",engine=\"0\"} 2.0\n"));
         assert!(text.contains("# TYPE vllm:prefix_cache_queries_total counter\n"));
-        assert!(text.contains("vllm:prefix_cache_hits_total{model_name=\"demo\\\"model\",engine=\"0\"} 64.0\n"));
+        assert!(
+            text.contains("vllm:prefix_cache_hits_total{model_name=\"demo\\\"model\",engine=\"0\"} 64.0\n")
+        );
         assert!(text.contains("vllm:time_to_first_token_seconds_bucket{le=\"0.04\",model_name="));
         // Buckets are cumulative: 0.03 lands in le=0.04, 3.0 in le=5.0.
         assert!(text.contains("_bucket{le=\"0.02\",model_name=\"demo\\\"model\",engine=\"0\"} 0.0\n"));
         assert!(text.contains("_bucket{le=\"0.04\",model_name=\"demo\\\"model\",engine=\"0\"} 1.0\n"));
         assert!(text.contains("_bucket{le=\"5.0\",model_name=\"demo\\\"model\",engine=\"0\"} 2.0\n"));
         assert!(text.contains("_bucket{le=\"+Inf\",model_name=\"demo\\\"model\",engine=\"0\"} 2.0\n"));
-        assert!(text.contains("vllm:time_to_first_token_seconds_sum{model_name=\"demo\\\"model\",engine=\"0\"} 3.03\n"));
+        assert!(text.contains(
+            "vllm:time_to_first_token_seconds_sum{model_name=\"demo\\\"model\",engine=\"0\"} 3.03\n"
+        ));
     }
 
     #[test]

@@ -81,7 +81,12 @@ fn pick_tenant(rng: &mut SmallRng, tenants: usize) -> usize {
 }
 
 /// Sends streaming chat requests to `config.target` until `cancel` fires.
-pub async fn run(config: LoadConfig, client: reqwest::Client, stats: Arc<LoadStats>, cancel: CancellationToken) {
+pub async fn run(
+    config: LoadConfig,
+    client: reqwest::Client,
+    stats: Arc<LoadStats>,
+    cancel: CancellationToken,
+) {
     let mut rng = SmallRng::seed_from_u64(config.seed);
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
     let url = format!("{}/v1/chat/completions", config.target.trim_end_matches('/'));

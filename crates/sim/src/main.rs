@@ -12,7 +12,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(name = "fleet-sim", version, about = "Emulated LLM replicas with vLLM's interfaces, and traffic for them")]
+#[command(
+    name = "fleet-sim",
+    version,
+    about = "Emulated LLM replicas with vLLM's interfaces, and traffic for them"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

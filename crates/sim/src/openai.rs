@@ -87,8 +87,9 @@ struct ChatBody {
 pub fn parse(api: Api, body: &[u8]) -> Result<GenerationRequest, InvalidRequest> {
     match api {
         Api::Completions => {
-            let body: CompletionBody = serde_json::from_slice(body)
-                .map_err(|e| InvalidRequest::new(format!("request body is not a valid completions request: {e}"), None))?;
+            let body: CompletionBody = serde_json::from_slice(body).map_err(|e| {
+                InvalidRequest::new(format!("request body is not a valid completions request: {e}"), None)
+            })?;
             let prompt = match body.prompt {
                 Value::String(s) => s,
                 Value::Array(items) if items.iter().all(Value::is_string) => {
@@ -111,8 +112,9 @@ pub fn parse(api: Api, body: &[u8]) -> Result<GenerationRequest, InvalidRequest>
             })
         }
         Api::Chat => {
-            let body: ChatBody = serde_json::from_slice(body)
-                .map_err(|e| InvalidRequest::new(format!("request body is not a valid chat request: {e}"), None))?;
+            let body: ChatBody = serde_json::from_slice(body).map_err(|e| {
+                InvalidRequest::new(format!("request body is not a valid chat request: {e}"), None)
+            })?;
             if body.messages.is_empty() {
                 return Err(InvalidRequest::new("`messages` must not be empty", Some("messages")));
             }
@@ -221,7 +223,9 @@ impl ResponseMeta {
     /// The complete non-streaming response.
     pub fn full_response(&self, text: &str, finish_reason: &str, usage: Usage) -> Value {
         let choice = match self.api {
-            Api::Completions => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}),
+            Api::Completions => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason})
+            }
             Api::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
@@ -239,7 +243,9 @@ impl ResponseMeta {
             Api::Chat if first => {
                 json!({"index": 0, "delta": {"role": "assistant", "content": token}, "logprobs": null, "finish_reason": null})
             }
-            Api::Chat => json!({"index": 0, "delta": {"content": token}, "logprobs": null, "finish_reason": null}),
+            Api::Chat => {
+                json!({"index": 0, "delta": {"content": token}, "logprobs": null, "finish_reason": null})
+            }
         };
         self.envelope(true, json!([choice]), None)
     }
@@ -247,7 +253,9 @@ impl ResponseMeta {
     /// The chunk that closes the choice with its finish reason.
     pub fn finish_chunk(&self, finish_reason: &str) -> Value {
         let choice = match self.api {
-            Api::Completions => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish_reason}),
+            Api::Completions => {
+                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish_reason})
+            }
             Api::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason}),
         };
         self.envelope(true, json!([choice]), None)

@@ -176,7 +176,10 @@ async fn generate(replica: Arc<Replica>, api: Api, body: &[u8]) -> Response {
 }
 
 /// Waits for a batch slot (counted as waiting meanwhile), then admits against the cache.
-async fn admit(replica: &Arc<Replica>, request: &GenerationRequest) -> Option<(Admission, u64, RunningGuard)> {
+async fn admit(
+    replica: &Arc<Replica>,
+    request: &GenerationRequest,
+) -> Option<(Admission, u64, RunningGuard)> {
     replica.state().metrics.waiting += 1;
     let slot = replica.slots.clone().acquire_owned().await;
     let mut state = replica.state();
@@ -192,7 +195,11 @@ async fn admit(replica: &Arc<Replica>, request: &GenerationRequest) -> Option<(A
     state.metrics.prompt_tokens += admission.prompt_tokens as u64;
     let request_id = state.next_request_id;
     drop(state);
-    Some((admission, request_id, RunningGuard { replica: replica.clone(), held_blocks: admission.held_blocks, _slot: slot }))
+    Some((
+        admission,
+        request_id,
+        RunningGuard { replica: replica.clone(), held_blocks: admission.held_blocks, _slot: slot },
+    ))
 }
 
 /// One admitted request being executed.

@@ -10,7 +10,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use fleetdeck_api::Signals;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{Row, migrate::Migrator};
 
 /// The schema, from `migrations/`.
@@ -161,10 +163,13 @@ mod tests {
         let store = Store::open(&path).await.unwrap();
         assert_eq!(store.sample_count().await.unwrap(), 4);
         let series = store.ttft_p95_series(0).await.unwrap();
-        assert_eq!(series, vec![
-            ("http://a".to_string(), vec![(1000, 0.2), (3000, 0.3)]),
-            ("http://b".to_string(), vec![(1000, 0.5)]),
-        ]);
+        assert_eq!(
+            series,
+            vec![
+                ("http://a".to_string(), vec![(1000, 0.2), (3000, 0.3)]),
+                ("http://b".to_string(), vec![(1000, 0.5)]),
+            ]
+        );
         assert_eq!(store.ttft_p95_series(2500).await.unwrap()[0].1, vec![(3000, 0.3)]);
     }
 

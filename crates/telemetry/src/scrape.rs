@@ -51,10 +51,11 @@ pub fn metrics_url(target: &str) -> String {
 /// Fetches the exposition text at `url`.
 pub async fn fetch(client: &reqwest::Client, url: &str, limits: ScrapeLimits) -> Result<String, ScrapeError> {
     let work = async {
-        let response = client.get(url).send().await.map_err(|e| ScrapeError::Unreachable {
-            url: url.to_string(),
-            detail: error_chain(&e),
-        })?;
+        let response = client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| ScrapeError::Unreachable { url: url.to_string(), detail: error_chain(&e) })?;
         if !response.status().is_success() {
             return Err(ScrapeError::Status { url: url.to_string(), status: response.status().as_u16() });
         }
@@ -64,8 +65,8 @@ pub async fn fetch(client: &reqwest::Client, url: &str, limits: ScrapeLimits) ->
         let mut body = Vec::new();
         let mut chunks = response.bytes_stream();
         while let Some(chunk) = chunks.next().await {
-            let chunk =
-                chunk.map_err(|e| ScrapeError::Unreachable { url: url.to_string(), detail: error_chain(&e) })?;
+            let chunk = chunk
+                .map_err(|e| ScrapeError::Unreachable { url: url.to_string(), detail: error_chain(&e) })?;
             if body.len() + chunk.len() > limits.max_bytes {
                 return Err(ScrapeError::TooLarge { url: url.to_string(), max: limits.max_bytes });
             }
@@ -79,10 +80,15 @@ pub async fn fetch(client: &reqwest::Client, url: &str, limits: ScrapeLimits) ->
 }
 
 /// Fetches, parses and reads one target.
-pub async fn scrape(client: &reqwest::Client, target: &str, limits: ScrapeLimits) -> Result<Reading, ScrapeError> {
+pub async fn scrape(
+    client: &reqwest::Client,
+    target: &str,
+    limits: ScrapeLimits,
+) -> Result<Reading, ScrapeError> {
     let url = metrics_url(target);
     let text = fetch(client, &url, limits).await?;
-    let exposition = exposition::parse(&text).map_err(|source| ScrapeError::Parse { url: url.clone(), source })?;
+    let exposition =
+        exposition::parse(&text).map_err(|source| ScrapeError::Parse { url: url.clone(), source })?;
     signals::read(&exposition).map_err(|source| ScrapeError::Unsupported { url, source })
 }
 

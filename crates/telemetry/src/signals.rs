@@ -190,7 +190,8 @@ fn bucket_deltas(previous: &[(f64, f64)], current: &[(f64, f64)]) -> Vec<(f64, f
     current
         .iter()
         .map(|&(bound, count)| {
-            let before = if restarted { 0.0 } else { previous.iter().find(|(b, _)| *b == bound).map_or(0.0, |p| p.1) };
+            let before =
+                if restarted { 0.0 } else { previous.iter().find(|(b, _)| *b == bound).map_or(0.0, |p| p.1) };
             (bound, count - before)
         })
         .collect()
@@ -285,11 +286,13 @@ mod tests {
 
     #[test]
     fn legacy_vllm_and_unknown_endpoints_are_told_apart() {
-        let legacy = parse("vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:num_requests_running 1\n").unwrap();
+        let legacy =
+            parse("vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:num_requests_running 1\n").unwrap();
         let reading = read(&legacy).unwrap();
         assert_eq!(reading.engine, Engine::VllmLegacy);
         assert_eq!(reading.kv_usage, Some(0.5));
-        let unknown = read(&parse("process_cpu_seconds_total 1\nhttp_requests_total 2\n").unwrap()).unwrap_err();
+        let unknown =
+            read(&parse("process_cpu_seconds_total 1\nhttp_requests_total 2\n").unwrap()).unwrap_err();
         assert_eq!(unknown.families, ["http_requests_total", "process_cpu_seconds_total"]);
         assert!(unknown.to_string().contains("unsupported engine"));
     }

@@ -38,7 +38,8 @@ async fn serve(router: Router) -> Result<Endpoint> {
 
 /// `/metrics` answers 200 with text that is not a Prometheus exposition.
 pub async fn garbage_metrics() -> Result<Endpoint> {
-    serve(Router::new().route("/metrics", get(|| async { "<html>502 Bad Gateway</html>\n{not: metrics}" }))).await
+    serve(Router::new().route("/metrics", get(|| async { "<html>502 Bad Gateway</html>\n{not: metrics}" })))
+        .await
 }
 
 /// `/metrics` accepts the connection and never answers.

@@ -64,6 +64,8 @@ pub async fn spawn_router(replicas: &[String]) -> Result<RouterHandle> {
     let stop = CancellationToken::new();
     let config = fleet_router::RouterConfig { replicas: replicas.to_vec(), ..Default::default() };
     let token = stop.clone();
-    tokio::spawn(async move { fleet_router::serve(listener, config, async move { token.cancelled().await }).await });
+    tokio::spawn(async move {
+        fleet_router::serve(listener, config, async move { token.cancelled().await }).await
+    });
     Ok(RouterHandle { addr, _stop: stop.drop_guard() })
 }

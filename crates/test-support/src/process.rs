@@ -22,7 +22,10 @@ pub fn bin_dir() -> PathBuf {
 pub fn bin_path(name: &str) -> Result<PathBuf> {
     let path = bin_dir().join(name);
     if !path.exists() {
-        bail!("{} does not exist; build it first with `cargo build --workspace --bins` (cargo xtask test does)", path.display());
+        bail!(
+            "{} does not exist; build it first with `cargo build --workspace --bins` (cargo xtask test does)",
+            path.display()
+        );
     }
     Ok(path)
 }
@@ -92,7 +95,9 @@ pub async fn spawn_and_await_line(
         Ok(None)
     })
     .await
-    .with_context(|| format!("{} printed no line starting with {marker:?} within {deadline:?}", program.display()))??;
+    .with_context(|| {
+        format!("{} printed no line starting with {marker:?} within {deadline:?}", program.display())
+    })??;
     let Some(rest) = found else {
         let status = process.child.wait().await?;
         bail!("{} exited ({status}) before printing {marker:?}", program.display());
@@ -125,6 +130,7 @@ pub async fn spawn_headless_app(replicas: &[String], db: &Path) -> Result<Headle
         args.push(replica.clone());
     }
     let (process, url) =
-        spawn_and_await_line(&bin_path("fleetdeck")?, &args, &[], "Fleetdeck UI at", Duration::from_secs(60)).await?;
+        spawn_and_await_line(&bin_path("fleetdeck")?, &args, &[], "Fleetdeck UI at", Duration::from_secs(60))
+            .await?;
     Ok(HeadlessApp { process, url })
 }

@@ -47,13 +47,18 @@ pub async fn chromedriver() -> Result<Driver> {
     )
     .await
     .context("chromedriver did not start; install Debian's chromium and chromium-driver (cargo xtask setup --test)")?;
-    Ok(Driver { _process: process, url: format!("http://127.0.0.1:{port}"), _profile: Some(tempfile::tempdir()?) })
+    Ok(Driver {
+        _process: process,
+        url: format!("http://127.0.0.1:{port}"),
+        _profile: Some(tempfile::tempdir()?),
+    })
 }
 
 /// Opens a headless Chromium session (as root it needs --no-sandbox; the other flags keep it
 /// off the network, which this machine does not have).
 pub async fn chromium_session(driver: &Driver) -> Result<Client> {
-    let profile = driver._profile.as_ref().context("not a chromium driver")?.path().to_string_lossy().into_owned();
+    let profile =
+        driver._profile.as_ref().context("not a chromium driver")?.path().to_string_lossy().into_owned();
     let capabilities = json!({
         "browserName": "chrome",
         "goog:chromeOptions": {
@@ -87,8 +92,10 @@ pub struct Xvfb {
 
 /// Starts Xvfb on a display number it picks itself (`-displayfd`), so tests never clash.
 pub async fn xvfb() -> Result<Xvfb> {
-    let args: Vec<String> =
-        ["-displayfd", "1", "-screen", "0", "1280x800x24", "-nolisten", "tcp"].iter().map(|s| s.to_string()).collect();
+    let args: Vec<String> = ["-displayfd", "1", "-screen", "0", "1280x800x24", "-nolisten", "tcp"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let (process, number) = spawn_and_await_line(Path::new("Xvfb"), &args, &[], "", Duration::from_secs(30))
         .await
         .context("Xvfb did not start; install Debian's xvfb (cargo xtask setup --test)")?;
