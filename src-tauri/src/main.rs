@@ -113,14 +113,11 @@ fn main() -> Result<()> {
         Control::start(ControlConfig::new(targets, db), cancel.clone()).await
     })?;
 
-    let display = std::env::var_os("DISPLAY").is_some_and(|d| !d.is_empty())
-        || std::env::var_os("WAYLAND_DISPLAY").is_some_and(|d| !d.is_empty());
     let context = tauri::generate_context!();
-    if cli.headless || !display {
-        if !cli.headless {
-            println!(
-                "no display found (DISPLAY and WAYLAND_DISPLAY are unset): serving the UI over HTTP instead"
-            );
+    let display = find_display();
+    if cli.headless || display.is_err() {
+        if let (false, Err(why)) = (cli.headless, &display) {
+            println!("{why}: serving the UI over HTTP instead");
         }
         let served = runtime.block_on(headless::run(cli.listen, control, context, cancel.clone()));
         cancel.cancel();
@@ -129,4 +126,24 @@ fn main() -> Result<()> {
     let result = shell::run(control, context);
     cancel.cancel();
     result
+}
+
+/// Whether a window can open: a Wayland display, or an X display whose local socket exists
+/// (GTK aborts on a DISPLAY that names no running server, so that is checked up front).
+fn find_display() -> Result<(), String> {
+    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+    if var("WAYLAND_DISPLAY").is_some() {
+        return Ok(());
+    }
+    let Some(display) = var("DISPLAY") else {
+        return Err("no display found (DISPLAY and WAYLAND_DISPLAY are unset)".into());
+    };
+    // ":N" or ":N.S" is a local server listening on /tmp/.X11-unix/XN; other forms (host:N)
+    // are remote and cannot be checked cheaply, so they are trusted.
+    if let Some(number) = display.strip_prefix(':').and_then(|rest| rest.split('.').next()) {
+        if !std::path::Path::new(&format!("/tmp/.X11-unix/X{number}")).exists() {
+            return Err(format!("DISPLAY={display} but no X server is running there"));
+        }
+    }
+    Ok(())
 }
