@@ -197,18 +197,37 @@ fn ensure_tauri_driver() -> Result<()> {
 }
 
 /// Builds the Leptos UI to wasm and lays out ui/dist (what Tauri embeds).
+///
+/// wasm-bindgen writes into a staging folder and only files whose bytes changed are copied
+/// into ui/dist: Tauri re-embeds (and cargo relinks the app) whenever a file there is
+/// touched, so an unchanged UI must leave ui/dist untouched.
 fn build_ui() -> Result<()> {
     timed("UI build", || {
         run(cargo(), &["build", "-p", "ui", "--target", "wasm32-unknown-unknown", "--release"], &[])?;
         let wasm = target_dir().join("wasm32-unknown-unknown/release/ui.wasm");
+        let staging = target_dir().join("ui-dist-staging");
+        fs::create_dir_all(&staging).map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
+        let wasm_arg = wasm.to_string_lossy().into_owned();
+        let staging_arg = staging.to_string_lossy().into_owned();
+        run(
+            "wasm-bindgen",
+            &["--target", "web", "--no-typescript", "--out-dir", &staging_arg, &wasm_arg],
+            &[],
+        )?;
         let dist = root().join("ui/dist");
         fs::create_dir_all(&dist).map_err(|e| format!("cannot create {}: {e}", dist.display()))?;
-        let wasm_arg = wasm.to_string_lossy().into_owned();
-        let dist_arg = dist.to_string_lossy().into_owned();
-        run("wasm-bindgen", &["--target", "web", "--no-typescript", "--out-dir", &dist_arg, &wasm_arg], &[])?;
-        for file in ["index.html", "style.css"] {
-            fs::copy(root().join("ui").join(file), dist.join(file))
-                .map_err(|e| format!("cannot copy ui/{file}: {e}"))?;
+        let sources = [
+            staging.join("ui.js"),
+            staging.join("ui_bg.wasm"),
+            root().join("ui/index.html"),
+            root().join("ui/style.css"),
+        ];
+        for source in sources {
+            let bytes = fs::read(&source).map_err(|e| format!("cannot read {}: {e}", source.display()))?;
+            let dest = dist.join(source.file_name().unwrap_or_default());
+            if fs::read(&dest).ok().as_deref() != Some(bytes.as_slice()) {
+                fs::write(&dest, bytes).map_err(|e| format!("cannot write {}: {e}", dest.display()))?;
+            }
         }
         Ok(())
     })
