@@ -140,10 +140,10 @@ fn find_display() -> Result<(), String> {
     };
     // ":N" or ":N.S" is a local server listening on /tmp/.X11-unix/XN; other forms (host:N)
     // are remote and cannot be checked cheaply, so they are trusted.
-    if let Some(number) = display.strip_prefix(':').and_then(|rest| rest.split('.').next()) {
-        if !std::path::Path::new(&format!("/tmp/.X11-unix/X{number}")).exists() {
-            return Err(format!("DISPLAY={display} but no X server is running there"));
-        }
+    if let Some(number) = display.strip_prefix(':').and_then(|rest| rest.split('.').next())
+        && !std::path::Path::new(&format!("/tmp/.X11-unix/X{number}")).exists()
+    {
+        return Err(format!("DISPLAY={display} but no X server is running there"));
     }
     Ok(())
 }

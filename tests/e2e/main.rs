@@ -8,4 +8,5 @@
 mod app;
 mod browser;
 mod desktop;
+mod probe;
 mod stack;

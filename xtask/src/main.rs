@@ -169,10 +169,10 @@ fn locked_wasm_bindgen_version() -> Result<String> {
         fs::read_to_string(root().join("Cargo.lock")).map_err(|e| format!("cannot read Cargo.lock: {e}"))?;
     let mut lines = lock.lines();
     while let Some(line) = lines.next() {
-        if line.trim() == "name = \"wasm-bindgen\"" {
-            if let Some(version) = lines.next().and_then(|l| l.trim().strip_prefix("version = \"")) {
-                return Ok(version.trim_end_matches('"').to_string());
-            }
+        if line.trim() == "name = \"wasm-bindgen\""
+            && let Some(version) = lines.next().and_then(|l| l.trim().strip_prefix("version = \""))
+        {
+            return Ok(version.trim_end_matches('"').to_string());
         }
     }
     Err("Cargo.lock has no wasm-bindgen package; build the ui crate once to add it".into())
@@ -189,11 +189,15 @@ fn ensure_wasm_bindgen() -> Result<()> {
 }
 
 fn ensure_tauri_driver() -> Result<()> {
-    let have = output("tauri-driver", &["--version"]).unwrap_or_default();
-    if have.contains(TAURI_DRIVER_VERSION) {
+    // tauri-driver has no --version; cargo's own list of installed binaries says it.
+    let cargo = cargo();
+    let installed =
+        Command::new(&cargo).args(["install", "--list"]).output().map(|o| o.stdout).unwrap_or_default();
+    let wanted = format!("tauri-driver v{TAURI_DRIVER_VERSION}:");
+    if String::from_utf8_lossy(&installed).lines().any(|line| line.trim() == wanted) {
         return Ok(());
     }
-    run(cargo(), &["install", "tauri-driver", "--version", TAURI_DRIVER_VERSION], &[])
+    run(cargo, &["install", "tauri-driver", "--version", TAURI_DRIVER_VERSION], &[])
 }
 
 /// Builds the Leptos UI to wasm and lays out ui/dist (what Tauri embeds).

@@ -1,21 +1,21 @@
-//! The watched fleet: per-replica scrape state, the once-a-second scrape loop, and the
+//! The watched fleet: the scrape scheduler over every target, the history writer, and the
 //! snapshot the UI draws.
 //!
-//! Each round scrapes every target concurrently (bounded), updates the in-memory state the
-//! UI reads, and hands the good samples to a writer task that stores them in one
-//! transaction. A target that fails keeps its last good signals and shows the error with
-//! the time of its last good scrape; it never stalls the others, because every scrape has
-//! its own deadline.
+//! Scraping is `fleet_telemetry::Scheduler`'s: each target on its own timer with a deadline,
+//! a size cap, a bound on scrapes in flight and backoff when it fails, keeping its last good
+//! signals beside the error and the time of its last good scrape. A failing target never stalls
+//! the others. Good scrapes flow to a batcher that hands them to the history writer once per
+//! scrape interval, so samples reach SQLite one round per transaction.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use fleet_store::{SampleRow, Store};
-use fleet_telemetry::{Reading, ScrapeLimits};
-use fleetdeck_api::{ApiError, FleetSnapshot, FleetSnapshotArgs, ReplicaRow, ScrapeState, Series, Signals};
-use futures_util::StreamExt;
+use fleet_telemetry::ScrapeLimits;
+use fleet_telemetry::scheduler::{Observation, Scheduler, SchedulerConfig, TargetSpec, TargetStatus};
+use fleetdeck_api::{ApiError, FleetSnapshot, FleetSnapshotArgs, ReplicaRow, ScrapeState, Series};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +23,11 @@ use tokio_util::sync::CancellationToken;
 const MAX_CONCURRENT_SCRAPES: usize = 64;
 /// Scrape rounds queued for the history writer before scraping waits for it.
 const WRITER_QUEUE_ROUNDS: usize = 8;
+/// Rates, hit rates and TTFT quantiles cover this span (at least three scrape intervals), so
+/// a replica with a few requests a second still shows a stable p95.
+const SIGNAL_WINDOW: Duration = Duration::from_secs(10);
+/// Longest wait between attempts at a failing target.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// How the control crate is set up.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,33 +46,25 @@ impl ControlConfig {
     }
 }
 
-/// What the app knows of one target.
-#[derive(Debug, Clone)]
-struct Target {
-    url: String,
-    last_reading: Option<Reading>,
-    signals: Signals,
-    scrape: ScrapeState,
+fn unix_ms(at: SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-impl Target {
-    fn row(&self) -> ReplicaRow {
-        let reading = self.last_reading.as_ref();
-        ReplicaRow {
-            url: self.url.clone(),
-            engine: reading.map(|r| r.engine.name().to_string()),
-            model: reading.and_then(|r| r.model.clone()),
-            signals: self.signals,
-            scrape: self.scrape.clone(),
-        }
-    }
-
-    fn last_good_ms(&self) -> Option<i64> {
-        match self.scrape {
-            ScrapeState::Ok { last_good_ms } => Some(last_good_ms),
-            ScrapeState::Error { last_good_ms, .. } => last_good_ms,
-            ScrapeState::Pending => None,
-        }
+/// One target's row as the UI shows it.
+fn row(status: TargetStatus) -> ReplicaRow {
+    let last_good_ms = status.last_good.map(unix_ms);
+    let scrape = match (&status.error, status.last_attempt, last_good_ms) {
+        (Some(message), _, last_good_ms) => ScrapeState::Error { message: message.clone(), last_good_ms },
+        (None, Some(_), Some(last_good_ms)) => ScrapeState::Ok { last_good_ms },
+        _ => ScrapeState::Pending,
+    };
+    let signals = status.signals;
+    ReplicaRow {
+        url: status.url,
+        engine: signals.as_ref().map(|s| s.engine.name().to_string()),
+        model: signals.as_ref().and_then(|s| s.model.clone()),
+        signals: signals.map(|s| s.total.to_api()).unwrap_or_default(),
+        scrape,
     }
 }
 
@@ -79,12 +76,12 @@ pub struct Control {
 
 #[derive(Debug)]
 struct Inner {
-    targets: Mutex<Vec<Target>>,
+    scheduler: Scheduler,
     store: Store,
 }
 
 pub fn unix_ms_now() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    unix_ms(SystemTime::now())
 }
 
 impl Control {
@@ -96,98 +93,33 @@ impl Control {
             })?;
         }
         let store = Store::open(&config.db_path).await?;
-        let targets = config
-            .targets
-            .iter()
-            .map(|url| Target {
-                url: url.clone(),
-                last_reading: None,
-                signals: Signals::default(),
-                scrape: ScrapeState::Pending,
-            })
-            .collect();
-        let control = Self { inner: Arc::new(Inner { targets: Mutex::new(targets), store: store.clone() }) };
+        // Downsampling and retention run beside ingestion until the app stops.
+        store.spawn_maintenance(fleet_store::MaintenanceConfig::default(), cancel.clone().cancelled_owned());
         let client = reqwest::Client::builder()
             .connect_timeout(config.limits.timeout)
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .context("cannot build the scraper's HTTP client")?;
+        let specs = config
+            .targets
+            .iter()
+            .map(|url| TargetSpec {
+                url: url.clone(),
+                interval: config.scrape_interval,
+                limits: config.limits,
+            })
+            .collect();
+        let scheduler_config = SchedulerConfig {
+            max_concurrent: MAX_CONCURRENT_SCRAPES,
+            max_backoff: MAX_BACKOFF,
+            window: SIGNAL_WINDOW.max(config.scrape_interval * 3),
+            ..SchedulerConfig::default()
+        };
+        let (scheduler, observations) = Scheduler::start(specs, scheduler_config, client, cancel);
         let (writer, rounds) = mpsc::channel(WRITER_QUEUE_ROUNDS);
-        tokio::spawn(write_history(store, rounds));
-        tokio::spawn(control.clone().scrape_loop(client, config, writer, cancel));
-        Ok(control)
-    }
-
-    fn targets(&self) -> MutexGuard<'_, Vec<Target>> {
-        // The state is plain data updated in whole assignments; a panic elsewhere cannot
-        // leave it torn, so a poisoned lock is taken over rather than propagated.
-        self.inner.targets.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    async fn scrape_loop(
-        self,
-        client: reqwest::Client,
-        config: ControlConfig,
-        writer: mpsc::Sender<Vec<SampleRow>>,
-        cancel: CancellationToken,
-    ) {
-        let mut ticks = tokio::time::interval(config.scrape_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = ticks.tick() => {}
-            }
-            let urls: Vec<String> = self.targets().iter().map(|t| t.url.clone()).collect();
-            let results: Vec<_> = futures_util::stream::iter(urls)
-                .map(|url| {
-                    let client = &client;
-                    async move {
-                        let result = fleet_telemetry::scrape(client, &url, config.limits).await;
-                        (url, result, unix_ms_now())
-                    }
-                })
-                .buffered(MAX_CONCURRENT_SCRAPES)
-                .collect()
-                .await;
-            let samples = self.apply(results);
-            if !samples.is_empty() && writer.send(samples).await.is_err() {
-                tracing::error!("history writer stopped; samples are no longer stored");
-            }
-        }
-    }
-
-    /// Folds one round of scrape results into the state; returns the rows to store.
-    fn apply(
-        &self,
-        results: Vec<(String, Result<Reading, fleet_telemetry::ScrapeError>, i64)>,
-    ) -> Vec<SampleRow> {
-        let mut targets = self.targets();
-        let mut samples = Vec::new();
-        for (url, result, at_ms) in results {
-            let Some(target) = targets.iter_mut().find(|t| t.url == url) else { continue };
-            match result {
-                Ok(reading) => {
-                    target.signals = fleet_telemetry::derive(target.last_reading.as_ref(), &reading);
-                    target.scrape = ScrapeState::Ok { last_good_ms: at_ms };
-                    samples.push(SampleRow {
-                        url: url.clone(),
-                        model: reading.model.clone().unwrap_or_default(),
-                        ts_ms: at_ms,
-                        signals: target.signals,
-                    });
-                    target.last_reading = Some(reading);
-                }
-                Err(error) => {
-                    tracing::debug!(%url, %error, "scrape failed");
-                    target.scrape = ScrapeState::Error {
-                        message: error.to_string(),
-                        last_good_ms: target.last_good_ms(),
-                    };
-                }
-            }
-        }
-        samples
+        tokio::spawn(write_history(store.clone(), rounds));
+        tokio::spawn(batch_rounds(observations, writer, config.scrape_interval));
+        Ok(Self { inner: Arc::new(Inner { scheduler, store }) })
     }
 
     /// The live table and the TTFT p95 series over the last `args.window_s` seconds.
@@ -199,7 +131,7 @@ impl Control {
             ));
         }
         let now_ms = unix_ms_now();
-        let replicas: Vec<ReplicaRow> = self.targets().iter().map(Target::row).collect();
+        let replicas: Vec<ReplicaRow> = self.inner.scheduler.statuses().into_iter().map(row).collect();
         let series = self
             .inner
             .store
@@ -208,6 +140,44 @@ impl Control {
             .map_err(|e| ApiError::new("history_unavailable", e.to_string()))?;
         let ttft_p95 = series.into_iter().map(|(url, points)| Series { url, points }).collect();
         Ok(FleetSnapshot { now_ms, replicas, ttft_p95 })
+    }
+}
+
+/// Gathers good scrapes and hands them to the writer once per scrape interval: one round per
+/// transaction. Ends (after a last flush) when the scheduler stops.
+async fn batch_rounds(
+    mut observations: mpsc::Receiver<Observation>,
+    writer: mpsc::Sender<Vec<SampleRow>>,
+    every: Duration,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut round: Vec<SampleRow> = Vec::new();
+    loop {
+        let open = tokio::select! {
+            observation = observations.recv() => match observation {
+                Some(Observation { url, at, result: Ok(signals), .. }) => {
+                    round.push(SampleRow {
+                        url,
+                        model: signals.model.clone().unwrap_or_default(),
+                        ts_ms: unix_ms(at),
+                        signals: signals.total.to_api(),
+                        prompt_tok_s: signals.total.prompt_tokens_per_s,
+                        gen_tok_s: signals.total.generation_tokens_per_s,
+                    });
+                    continue;
+                }
+                Some(_) => continue,
+                None => false,
+            },
+            _ = ticks.tick() => true,
+        };
+        if !round.is_empty() && writer.send(std::mem::take(&mut round)).await.is_err() {
+            tracing::error!("history writer stopped; samples are no longer stored");
+        }
+        if !open {
+            return;
+        }
     }
 }
 

@@ -477,8 +477,6 @@ struct PickInProgress {
     candidates: Vec<CandidateExplanation>,
     /// Positions (into `candidates`) of healthy candidates, in order.
     healthy: Vec<usize>,
-    /// Candidate position of each slot (`usize::MAX` for free slots).
-    position_by_slot: Vec<usize>,
     chosen: usize,
     branch: Branch,
     reason: String,
@@ -490,10 +488,8 @@ impl PickInProgress {
         let mut slots = Vec::with_capacity(engine.slots.len());
         let mut candidates = Vec::with_capacity(engine.slots.len());
         let mut healthy = Vec::with_capacity(engine.slots.len());
-        let mut position_by_slot = vec![usize::MAX; engine.slots.len()];
         for (slot, state) in engine.slots.iter().enumerate() {
             let Some(state) = state else { continue };
-            position_by_slot[slot] = candidates.len();
             if state.healthy {
                 healthy.push(candidates.len());
             }
@@ -522,7 +518,6 @@ impl PickInProgress {
             slots,
             candidates,
             healthy,
-            position_by_slot,
             chosen: 0,
             branch: Branch::Fallback,
             reason: String::new(),

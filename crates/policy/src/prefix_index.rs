@@ -184,7 +184,24 @@ impl PrefixIndex {
     pub fn match_prefix(&self, prompt: &[u64], matched: &mut Vec<u32>) {
         matched.clear();
         matched.resize(self.locations.len(), 0);
+        self.match_prefix_into(prompt, matched);
+    }
+
+    /// [`Self::match_prefix`] into a caller's zeroed slice (the engine passes a stack buffer, so a pick
+    /// allocates nothing here). Locations past `matched.len()` are ignored.
+    pub(crate) fn match_prefix_into(&self, prompt: &[u64], matched: &mut [u32]) {
+        let Some((&first, rest)) = prompt.split_first() else {
+            return;
+        };
         let words = self.members.value_words();
+        if words == 1 {
+            // Up to 64 locations, the usual fleet: the active set is one register, so each block costs a
+            // load, a compare and an AND, with no slices or per-word loops.
+            let Some(holders) = self.members.get(first) else {
+                return;
+            };
+            return self.match_one_word(holders[0], rest, matched);
+        }
         // Up to 512 locations live on the stack; more spill to the heap once per call.
         let mut inline = [0u64; 8];
         let mut spilled = Vec::new();
@@ -194,40 +211,62 @@ impl PrefixIndex {
             spilled.resize(words, 0);
             &mut spilled
         };
-        let mut depth = 0u32;
+        let Some(holders) = self.members.get(first) else {
+            return;
+        };
+        active.copy_from_slice(holders);
+        if active.iter().all(|w| *w == 0) {
+            return;
+        }
+        let mut depth = 1u32;
         let mut homes = [(0usize, 0u64); LOOKAHEAD];
-        for (chunk_index, chunk) in prompt.chunks(LOOKAHEAD).enumerate() {
+        for chunk in rest.chunks(LOOKAHEAD) {
             // Issue this chunk's table loads first: they are independent, so their cache misses overlap
             // instead of being paid one after another in the matching loop below.
             for (home, block) in homes.iter_mut().zip(chunk) {
                 *home = self.members.peek_home(*block);
             }
-            for (offset, (block, (home, key_at_home))) in chunk.iter().zip(homes).enumerate() {
-                let position = chunk_index * LOOKAHEAD + offset;
+            for (block, (home, key_at_home)) in chunk.iter().zip(homes) {
                 let Some(holders) = self.members.get_from_home(*block, home, key_at_home) else {
                     return finish(matched, active, depth);
                 };
                 let mut still_active = 0u64;
-                if position == 0 {
-                    active.copy_from_slice(holders);
-                    still_active = active.iter().fold(0, |acc, w| acc | w);
-                } else {
-                    for (word, (active_word, holder_word)) in active.iter_mut().zip(holders).enumerate() {
-                        let dropped = *active_word & !holder_word;
-                        if dropped != 0 {
-                            record(matched, word, dropped, depth);
-                            *active_word &= holder_word;
-                        }
-                        still_active |= *active_word;
+                for (word, (active_word, holder_word)) in active.iter_mut().zip(holders).enumerate() {
+                    let dropped = *active_word & !holder_word;
+                    if dropped != 0 {
+                        record(matched, word, dropped, depth);
+                        *active_word &= holder_word;
                     }
+                    still_active |= *active_word;
                 }
                 if still_active == 0 {
                     return;
                 }
-                depth = position as u32 + 1;
+                depth += 1;
             }
         }
         finish(matched, active, depth);
+    }
+
+    /// The walk after the first block when every bitset is one word (see `match_prefix_into`).
+    fn match_one_word(&self, mut active: u64, rest: &[u64], matched: &mut [u32]) {
+        // A plain loop: the only loop-carried state is `active`, and the found-at-home branch predicts
+        // well, so the CPU runs ahead and overlaps the table loads of many blocks by itself. The general
+        // walk's separate load-issuing pass measured ~35% slower here: it only added instructions.
+        for (position, block) in rest.iter().enumerate() {
+            let (key_at_home, value_at_home) = self.members.peek_home_word(*block);
+            // A missing block has no holders: every active location drops out at this depth.
+            let holders = self.members.word_from_home(*block, key_at_home, value_at_home);
+            let dropped = active & !holders;
+            if dropped != 0 {
+                record(matched, 0, dropped, position as u32 + 1);
+                active &= holders;
+                if active == 0 {
+                    return;
+                }
+            }
+        }
+        record(matched, 0, active, rest.len() as u32 + 1);
     }
 
     /// How many leading blocks of `prompt` one location holds consecutively.
@@ -269,7 +308,7 @@ impl PrefixIndex {
     }
 }
 
-/// Blocks whose table loads are issued together before matching them (see `match_prefix`).
+/// Blocks whose table loads the multi-word walk issues together before matching them (see `match_prefix_into`).
 const LOOKAHEAD: usize = 32;
 
 /// Locations still active at the end of the walk hold all `depth` matched blocks.
@@ -312,6 +351,35 @@ mod tests {
         assert_eq!(matches(&index, &[9, 2]), vec![0, 0, 1]);
         assert_eq!(matches(&index, &[]), vec![0, 0, 0]);
         assert_eq!(index.match_location(0, &[1, 2, 3, 4]), 3);
+    }
+
+    #[test]
+    fn walk_agrees_with_per_location_matching_for_narrow_and_wide_bitsets() {
+        use rand::{Rng, SeedableRng, rngs::StdRng};
+        let mut rng = StdRng::seed_from_u64(11);
+        // 40 locations use one-word bitsets, 150 use three words: both walks are checked.
+        for locations in [40u32, 150] {
+            let mut index = PrefixIndex::new(300);
+            // A small block space (including the key 0) forces shared prefixes, gaps and probe collisions.
+            for _ in 0..2_000 {
+                let location = rng.random_range(0..locations);
+                let start = rng.random_range(0..4u64);
+                let blocks: Vec<u64> = (start..start + rng.random_range(1..80)).collect();
+                index.insert(location, &blocks);
+                if rng.random_bool(0.3) {
+                    index.remove(location, &[rng.random_range(0..90)]);
+                }
+            }
+            for _ in 0..300 {
+                let start = rng.random_range(0..3u64);
+                let prompt: Vec<u64> = (start..start + rng.random_range(0..100)).collect();
+                let out = matches(&index, &prompt);
+                for location in 0..locations {
+                    let expected = index.match_location(location, &prompt) as u32;
+                    assert_eq!(out[location as usize], expected, "location {location}, prompt {prompt:?}");
+                }
+            }
+        }
     }
 
     #[test]

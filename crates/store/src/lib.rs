@@ -3,10 +3,21 @@
 //! Migrations live in the repository's top-level `migrations/` and are embedded at compile
 //! time; opening a store applies any that are missing. Writes are batched: one transaction
 //! per scrape round, so a crash loses at most the round in flight and never half of one.
-//! The store knows nothing of scraping or the UI; it stores what it is given.
+//! Raw samples are summarised into 10 s and 1 min tiers and expired in the background
+//! (`tiers`); `compare` answers "did it help?" from the fleet-level tiers; `audit` keeps
+//! fleets, routers, policy versions, pushes and annotations. The store knows nothing of
+//! scraping or the UI; it stores what it is given.
 
+mod audit;
+mod compare;
+pub mod secrets;
+mod tiers;
+pub mod timefmt;
+
+use std::collections::HashMap;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleetdeck_api::Signals;
@@ -15,8 +26,21 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, migrate::Migrator};
 
+pub use audit::{
+    Annotation, AnnotationKind, NewAnnotation, NewPolicyVersion, PolicyVersion, PolicyWindow, PushOutcome,
+    PushRecord,
+};
+pub use compare::{
+    CompareOptions, Comparison, FleetBucket, METRIC_NAMES, MetricDiff, WindowSpec, WindowSummary,
+};
+pub use tiers::{MaintenanceConfig, MaintenanceReport, Retention, Tier};
+pub use timefmt::TimeWindow;
+
 /// The schema, from `migrations/`.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+
+/// The fleet replicas and policies belong to unless told otherwise (created by migration 2).
+pub const DEFAULT_FLEET: &str = "default";
 
 /// Errors of the history store.
 #[derive(Debug, thiserror::Error)]
@@ -27,21 +51,42 @@ pub enum StoreError {
     Migrate { path: String, source: sqlx::migrate::MigrateError },
     #[error("history database error: {0}")]
     Query(#[from] sqlx::Error),
+    #[error("no fleet named {name:?} in the history; known fleets: {}", known.join(", "))]
+    UnknownFleet { name: String, known: Vec<String> },
+    #[error("no policy version {label:?} in the history; known versions: {}", if known.is_empty() { "none recorded yet".to_string() } else { known.join(", ") })]
+    UnknownPolicy { label: String, known: Vec<String> },
+    #[error(
+        "policy version {label:?} was never acknowledged by a router (no successful push reporting it), so it has no active window to compare; compare time windows with --a/--b instead"
+    )]
+    PolicyNeverActive { label: String },
+    #[error("no router {url:?} is registered in the history; register it before recording pushes to it")]
+    UnknownRouter { url: String },
+    #[error("policy version {label:?} already exists; versions are immutable, record a new label")]
+    DuplicatePolicy { label: String },
+    #[error("the window {window} is empty or reversed: its start must come before its end")]
+    BadWindow { window: String },
 }
 
 /// One scrape's signals for one replica.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SampleRow {
     pub url: String,
     pub model: String,
     pub ts_ms: i64,
     pub signals: Signals,
+    /// Prompt (prefill) tokens per second since the previous scrape; `None`: not reported.
+    pub prompt_tok_s: Option<f64>,
+    /// Generated tokens per second since the previous scrape; `None`: not reported.
+    pub gen_tok_s: Option<f64>,
 }
 
 /// A handle to the history database; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: SqlitePool,
+    /// Replica ids by (url, model), filled only after the transaction that created them
+    /// committed, so a rolled-back batch cannot leave a dangling id behind.
+    replica_ids: Arc<Mutex<HashMap<(String, String), i64>>>,
 }
 
 impl Store {
@@ -51,7 +96,15 @@ impl Store {
         let options = SqliteConnectOptions::from_str("sqlite://")
             .map_err(|source| StoreError::Open { path: shown.clone(), source })?
             .filename(path)
-            .create_if_missing(true)
+            .create_if_missing(true);
+        Self::connect_with(options).await
+    }
+
+    /// Opens the database `options` point at with the store's settings (WAL, foreign keys,
+    /// busy timeout) and applies pending migrations. Tests use it on fresh databases.
+    pub async fn connect_with(options: SqliteConnectOptions) -> Result<Self, StoreError> {
+        let shown = options.get_filename().display().to_string();
+        let options = options
             .journal_mode(SqliteJournalMode::Wal)
             // NORMAL is durable across application crashes in WAL mode; only an OS crash
             // can lose the last transactions, which is acceptable for telemetry.
@@ -64,7 +117,12 @@ impl Store {
             .await
             .map_err(|source| StoreError::Open { path: shown.clone(), source })?;
         MIGRATOR.run(&pool).await.map_err(|source| StoreError::Migrate { path: shown, source })?;
-        Ok(Self { pool })
+        Ok(Self { pool, replica_ids: Arc::default() })
+    }
+
+    /// The connection pool, for diagnostics and tests that inspect the schema.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
     }
 
     /// Writes one batch of samples in a single transaction.
@@ -72,20 +130,40 @@ impl Store {
         if batch.is_empty() {
             return Ok(());
         }
+        let mut known = self.replica_ids.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut created: Vec<((String, String), i64)> = Vec::new();
         let mut tx = self.pool.begin().await?;
         for row in batch {
-            sqlx::query("INSERT OR IGNORE INTO replicas (url, model, first_seen_ms) VALUES (?, ?, ?)")
-                .bind(&row.url)
-                .bind(&row.model)
-                .bind(row.ts_ms)
-                .execute(&mut *tx)
-                .await?;
+            let key = (row.url.clone(), row.model.clone());
+            let replica_id = match known.get(&key) {
+                Some(id) => *id,
+                None => {
+                    sqlx::query(
+                        "INSERT OR IGNORE INTO replicas (url, model, first_seen_ms) VALUES (?, ?, ?)",
+                    )
+                    .bind(&row.url)
+                    .bind(&row.model)
+                    .bind(row.ts_ms)
+                    .execute(&mut *tx)
+                    .await?;
+                    let id: i64 = sqlx::query_scalar("SELECT id FROM replicas WHERE url = ? AND model = ?")
+                        .bind(&row.url)
+                        .bind(&row.model)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    known.insert(key.clone(), id);
+                    created.push((key, id));
+                    id
+                }
+            };
             let s = &row.signals;
             sqlx::query(
                 "INSERT OR REPLACE INTO samples
-                   (replica_id, ts_ms, queue_depth, running, kv_usage, hit_rate, ttft_p50_s, ttft_p95_s)
-                 SELECT id, ?, ?, ?, ?, ?, ?, ? FROM replicas WHERE url = ? AND model = ?",
+                   (replica_id, ts_ms, queue_depth, running, kv_usage, hit_rate, ttft_p50_s, ttft_p95_s,
+                    prompt_tok_s, gen_tok_s)
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             )
+            .bind(replica_id)
             .bind(row.ts_ms)
             .bind(s.queue_depth)
             .bind(s.running)
@@ -93,12 +171,15 @@ impl Store {
             .bind(s.hit_rate)
             .bind(s.ttft_p50_s)
             .bind(s.ttft_p95_s)
-            .bind(&row.url)
-            .bind(&row.model)
+            .bind(row.prompt_tok_s)
+            .bind(row.gen_tok_s)
             .execute(&mut *tx)
             .await?;
         }
         tx.commit().await?;
+        if !created.is_empty() {
+            self.replica_ids.lock().unwrap_or_else(|p| p.into_inner()).extend(created);
+        }
         Ok(())
     }
 
@@ -124,7 +205,7 @@ impl Store {
         Ok(series)
     }
 
-    /// Number of stored samples (for tests and diagnostics).
+    /// Number of stored raw samples (for tests and diagnostics).
     pub async fn sample_count(&self) -> Result<i64, StoreError> {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM samples").fetch_one(&self.pool).await?)
     }
@@ -133,6 +214,14 @@ impl Store {
     pub async fn close(self) {
         self.pool.close().await;
     }
+}
+
+/// The wall clock in Unix milliseconds; only the edges (background tasks, commands) read it.
+pub fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -145,6 +234,7 @@ mod tests {
             model: "m".into(),
             ts_ms,
             signals: Signals { ttft_p95_s: p95, queue_depth: Some(1.0), ..Signals::default() },
+            ..SampleRow::default()
         }
     }
 

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
+use crate::engines::{self, UnsupportedEngine};
 use crate::exposition::{self, MAX_EXPOSITION_BYTES, ParseError};
-use crate::signals::{self, Reading, UnsupportedEngine};
+use crate::signals::Reading;
 
 /// Limits of one scrape.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,7 +32,9 @@ pub enum ScrapeError {
     Timeout { url: String, timeout: Duration },
     #[error("{url} answered HTTP {status}")]
     Status { url: String, status: u16 },
-    #[error("{url} sent more than {max} bytes of metrics")]
+    #[error(
+        "{url} sent more than {max} bytes of metrics; raise the size limit if the engine really exports that much"
+    )]
     TooLarge { url: String, max: usize },
     #[error("{url} sent metrics that are not UTF-8 text")]
     NotText { url: String },
@@ -39,6 +42,14 @@ pub enum ScrapeError {
     Parse { url: String, source: ParseError },
     #[error("{url}: {source}")]
     Unsupported { url: String, source: UnsupportedEngine },
+}
+
+/// An HTTP client fit for scraping: connect deadline, kept-alive connections.
+pub fn client(connect_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build()
 }
 
 /// The metrics URL of a target: a bare base URL gets `/metrics`; a URL with a path is kept.
@@ -50,15 +61,30 @@ pub fn metrics_url(target: &str) -> String {
 
 /// Fetches the exposition text at `url`.
 pub async fn fetch(client: &reqwest::Client, url: &str, limits: ScrapeLimits) -> Result<String, ScrapeError> {
+    let accept = "text/plain;version=0.0.4;q=1,application/openmetrics-text;q=0.5,*/*;q=0.1";
+    let (status, body) = fetch_any(client, url, accept, limits).await?;
+    if !(200..300).contains(&status) {
+        return Err(ScrapeError::Status { url: url.to_string(), status });
+    }
+    Ok(body)
+}
+
+/// GETs `url` within `limits` and returns the status and the text body, whatever the status
+/// (an API's error body explains its error).
+pub(crate) async fn fetch_any(
+    client: &reqwest::Client,
+    url: &str,
+    accept: &str,
+    limits: ScrapeLimits,
+) -> Result<(u16, String), ScrapeError> {
     let work = async {
         let response = client
             .get(url)
+            .header(reqwest::header::ACCEPT, accept)
             .send()
             .await
             .map_err(|e| ScrapeError::Unreachable { url: url.to_string(), detail: error_chain(&e) })?;
-        if !response.status().is_success() {
-            return Err(ScrapeError::Status { url: url.to_string(), status: response.status().as_u16() });
-        }
+        let status = response.status().as_u16();
         if response.content_length().is_some_and(|n| n as usize > limits.max_bytes) {
             return Err(ScrapeError::TooLarge { url: url.to_string(), max: limits.max_bytes });
         }
@@ -72,7 +98,8 @@ pub async fn fetch(client: &reqwest::Client, url: &str, limits: ScrapeLimits) ->
             }
             body.extend_from_slice(&chunk);
         }
-        String::from_utf8(body).map_err(|_| ScrapeError::NotText { url: url.to_string() })
+        let text = String::from_utf8(body).map_err(|_| ScrapeError::NotText { url: url.to_string() })?;
+        Ok((status, text))
     };
     tokio::time::timeout(limits.timeout, work)
         .await
@@ -89,11 +116,11 @@ pub async fn scrape(
     let text = fetch(client, &url, limits).await?;
     let exposition =
         exposition::parse(&text).map_err(|source| ScrapeError::Parse { url: url.clone(), source })?;
-    signals::read(&exposition).map_err(|source| ScrapeError::Unsupported { url, source })
+    engines::read(&exposition).map_err(|source| ScrapeError::Unsupported { url, source })
 }
 
 /// reqwest's top-level message hides the cause ("error sending request"); show the chain.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -1,207 +1,339 @@
-//! From one exposition to a [`Reading`] of raw engine values, and from two readings to the
-//! normalised [`Signals`] the app shows.
+//! Raw readings of one scrape and the normalised signals derived from a window of them.
 //!
-//! Gauges are read as they are; hit rate and TTFT quantiles come from the *difference*
-//! between two scrapes (counter and bucket deltas), so they describe the last interval
-//! rather than the replica's whole life. A counter that went backwards means the engine
-//! restarted: its new value is the delta.
+//! A [`Reading`] holds what one scrape said, already in common units (seconds, fractions,
+//! cumulative token and request counts), per data-parallel rank and summed over the replica.
+//! A [`Window`] keeps the increases between consecutive readings for a span of time and turns
+//! them into [`ReplicaSignals`]: gauges from the latest reading; hit rate, token and
+//! preemption rates from counter deltas; TTFT and inter-token-latency quantiles from histogram
+//! bucket deltas. So rates describe the last `span` seconds rather than the replica's life.
+//!
+//! Counter resets: a counter (or histogram bucket) that went backwards, or a `_created`
+//! timestamp that changed, means the engine restarted; the new value is then the increase, never
+//! a negative rate. `None` always means "this engine does not provide it" or "no data in the
+//! window", never zero.
 
-use fleetdeck_api::Signals;
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
 
-use crate::exposition::Exposition;
+use crate::engines::Engine;
 
-/// Serving engines recognised by their metric names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    /// vLLM V1 names (`vllm:kv_cache_usage_perc`, `vllm:prefix_cache_*`).
-    Vllm,
-    /// vLLM before 0.12 (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`).
-    VllmLegacy,
-    /// SGLang (`sglang:*`).
-    Sglang,
+/// A cumulative histogram in seconds: `(upper bound, cumulative count)` sorted by bound with
+/// `+Inf` last (empty when the engine only exports a sum and a count), plus the sum and count.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Histogram {
+    pub buckets: Vec<(f64, f64)>,
+    pub sum: f64,
+    pub count: f64,
 }
 
-impl Engine {
-    /// The engine's short name as the UI shows it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Engine::Vllm | Engine::VllmLegacy => "vllm",
-            Engine::Sglang => "sglang",
-        }
-    }
+/// Raw values of one scrape for one rank (or the whole replica).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Values {
+    pub running: Option<f64>,
+    pub waiting: Option<f64>,
+    /// KV-cache usage, 0..=1.
+    pub kv_usage: Option<f64>,
+    /// Prefix-cache lookups and hits (tokens or blocks, as the engine counts), cumulative.
+    pub prefix_queries: Option<f64>,
+    pub prefix_hits: Option<f64>,
+    /// The engine's own hit-rate gauge, used only when it exports no counters.
+    pub hit_rate_gauge: Option<f64>,
+    /// Cumulative counters.
+    pub prompt_tokens: Option<f64>,
+    pub generation_tokens: Option<f64>,
+    pub preemptions: Option<f64>,
+    pub ttft: Option<Histogram>,
+    pub itl: Option<Histogram>,
 }
 
-/// The exposition matched no known engine.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unsupported engine: no known metric families among {} seen ({})", families.len(), preview(families))]
-pub struct UnsupportedEngine {
-    pub families: Vec<String>,
-}
-
-fn preview(families: &[String]) -> String {
-    let shown: Vec<&str> = families.iter().take(8).map(String::as_str).collect();
-    let more = families.len().saturating_sub(shown.len());
-    if more > 0 { format!("{}, and {more} more", shown.join(", ")) } else { shown.join(", ") }
-}
-
-/// Raw values of one scrape, summed over engine / rank label sets.
+/// What one scrape of a supported engine said.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reading {
     pub engine: Engine,
+    /// Which variant was recognised, for people (e.g. "vLLM V1 metric names").
+    pub flavor: &'static str,
     pub model: Option<String>,
+    /// The latest `_created` timestamp among the counters read; a change means a restart.
+    pub created: Option<f64>,
+    /// The replica as a whole: gauges and counters summed over ranks, KV usage averaged.
+    pub total: Values,
+    /// Per data-parallel rank (`engine` or `dp_rank` label), sorted by rank; empty when the
+    /// engine labels no ranks.
+    pub ranks: Vec<(String, Values)>,
+}
+
+/// Normalised signals of one replica or rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineSignals {
+    pub queue_depth: Option<f64>,
     pub running: Option<f64>,
-    pub waiting: Option<f64>,
     pub kv_usage: Option<f64>,
-    /// Prefix-cache queries and hits, in tokens (cumulative counters).
-    pub prefix_queries: Option<f64>,
-    pub prefix_hits: Option<f64>,
-    /// TTFT histogram: `(upper bound, cumulative count)`, sorted by bound, `+Inf` last.
-    pub ttft_buckets: Vec<(f64, f64)>,
+    pub hit_rate: Option<f64>,
+    pub ttft_p50_s: Option<f64>,
+    pub ttft_p95_s: Option<f64>,
+    pub ttft_p99_s: Option<f64>,
+    pub itl_p50_s: Option<f64>,
+    pub itl_p95_s: Option<f64>,
+    pub itl_mean_s: Option<f64>,
+    pub prompt_tokens_per_s: Option<f64>,
+    pub generation_tokens_per_s: Option<f64>,
+    pub preemptions_per_s: Option<f64>,
 }
 
-/// Metric names of one engine.
-struct Names {
-    running: &'static str,
-    waiting: &'static str,
-    kv_usage: &'static str,
-    queries: &'static str,
-    hits: &'static str,
-    ttft_bucket: &'static str,
+impl EngineSignals {
+    /// The subset the UI contract carries.
+    pub fn to_api(&self) -> fleetdeck_api::Signals {
+        fleetdeck_api::Signals {
+            queue_depth: self.queue_depth,
+            running: self.running,
+            kv_usage: self.kv_usage,
+            hit_rate: self.hit_rate,
+            ttft_p50_s: self.ttft_p50_s,
+            ttft_p95_s: self.ttft_p95_s,
+        }
+    }
 }
 
-const VLLM: Names = Names {
-    running: "vllm:num_requests_running",
-    waiting: "vllm:num_requests_waiting",
-    kv_usage: "vllm:kv_cache_usage_perc",
-    queries: "vllm:prefix_cache_queries_total",
-    hits: "vllm:prefix_cache_hits_total",
-    ttft_bucket: "vllm:time_to_first_token_seconds_bucket",
-};
+/// Signals of one replica: identity, the whole, and each labelled rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaSignals {
+    pub engine: Engine,
+    pub flavor: &'static str,
+    pub model: Option<String>,
+    pub total: EngineSignals,
+    pub ranks: Vec<(String, EngineSignals)>,
+}
 
-const VLLM_LEGACY: Names = Names {
-    running: "vllm:num_requests_running",
-    waiting: "vllm:num_requests_waiting",
-    kv_usage: "vllm:gpu_cache_usage_perc",
-    queries: "vllm:gpu_prefix_cache_queries_total",
-    hits: "vllm:gpu_prefix_cache_hits_total",
-    ttft_bucket: "vllm:time_to_first_token_seconds_bucket",
-};
+/// Increases between two consecutive readings of one rank.
+#[derive(Debug, Clone, Default)]
+struct Step {
+    at: f64,
+    dt: f64,
+    prefix: Option<(f64, f64)>,
+    prompt_tokens: Option<f64>,
+    generation_tokens: Option<f64>,
+    preemptions: Option<f64>,
+    ttft: Option<Histogram>,
+    itl: Option<Histogram>,
+}
 
-const SGLANG: Names = Names {
-    running: "sglang:num_running_reqs",
-    waiting: "sglang:num_queue_reqs",
-    kv_usage: "sglang:token_usage",
-    queries: "sglang:prefix_cache_queries_total",
-    hits: "sglang:prefix_cache_hits_total",
-    ttft_bucket: "sglang:time_to_first_token_seconds_bucket",
-};
+/// One rank's latest values and recent steps.
+#[derive(Debug, Clone, Default)]
+struct Track {
+    last: Option<(f64, Values)>,
+    steps: VecDeque<Step>,
+}
 
-/// Detects the engine and reads its raw values.
-pub fn read(exposition: &Exposition) -> Result<Reading, UnsupportedEngine> {
-    let has_prefix = |prefix: &str| exposition.samples.iter().any(|s| s.name.starts_with(prefix));
-    let (engine, names) = if exposition.has(VLLM.kv_usage) || exposition.has(VLLM.queries) {
-        (Engine::Vllm, &VLLM)
-    } else if has_prefix("vllm:") {
-        (Engine::VllmLegacy, &VLLM_LEGACY)
-    } else if has_prefix("sglang:") {
-        (Engine::Sglang, &SGLANG)
-    } else {
-        return Err(UnsupportedEngine { families: exposition.family_names() });
+impl Track {
+    fn push(&mut self, at: f64, values: &Values, restarted: bool, span: f64) {
+        if let Some((before_at, before)) = &self.last
+            && at > *before_at
+        {
+            self.steps.push_back(step(*before_at, before, at, values, restarted));
+        }
+        // The newest step always stays, so a span shorter than the interval still has data.
+        while self.steps.len() > 1 && self.steps.front().is_some_and(|s| s.at <= at - span) {
+            self.steps.pop_front();
+        }
+        self.last = Some((at, values.clone()));
+    }
+
+    fn signals(&self) -> EngineSignals {
+        let Some((_, latest)) = &self.last else { return EngineSignals::default() };
+        let mut signals = EngineSignals {
+            queue_depth: latest.waiting,
+            running: latest.running,
+            kv_usage: latest.kv_usage,
+            ..EngineSignals::default()
+        };
+        let rate = |pick: fn(&Step) -> Option<f64>| {
+            let (mut total, mut seconds, mut any) = (0.0, 0.0, false);
+            for step in &self.steps {
+                if let Some(increase) = pick(step) {
+                    total += increase;
+                    seconds += step.dt;
+                    any = true;
+                }
+            }
+            (any && seconds > 0.0).then(|| total / seconds)
+        };
+        signals.prompt_tokens_per_s = rate(|s| s.prompt_tokens);
+        signals.generation_tokens_per_s = rate(|s| s.generation_tokens);
+        signals.preemptions_per_s = rate(|s| s.preemptions);
+
+        let (mut queries, mut hits) = (0.0, 0.0);
+        for (q, h) in self.steps.iter().filter_map(|s| s.prefix) {
+            queries += q;
+            hits += h;
+        }
+        signals.hit_rate = if latest.prefix_queries.is_some() {
+            (queries > 0.0).then(|| (hits / queries).clamp(0.0, 1.0))
+        } else {
+            latest.hit_rate_gauge
+        };
+
+        if let Some(ttft) = merged(self.steps.iter().filter_map(|s| s.ttft.as_ref())) {
+            signals.ttft_p50_s = histogram_quantile(0.5, &ttft.buckets);
+            signals.ttft_p95_s = histogram_quantile(0.95, &ttft.buckets);
+            signals.ttft_p99_s = histogram_quantile(0.99, &ttft.buckets);
+        }
+        if let Some(itl) = merged(self.steps.iter().filter_map(|s| s.itl.as_ref())) {
+            signals.itl_p50_s = histogram_quantile(0.5, &itl.buckets);
+            signals.itl_p95_s = histogram_quantile(0.95, &itl.buckets);
+            signals.itl_mean_s = (itl.count > 0.0).then(|| itl.sum / itl.count);
+        }
+        signals
+    }
+}
+
+/// Increase of a cumulative counter; a decrease (or a known restart) means it began again at 0.
+fn counter_delta(previous: f64, current: f64, restarted: bool) -> f64 {
+    if restarted || current < previous { current } else { current - previous }
+}
+
+fn step(before_at: f64, before: &Values, at: f64, now: &Values, restarted: bool) -> Step {
+    let counter = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => Some(counter_delta(a, b, restarted)),
+        _ => None,
     };
-    let sum = |name: &str| {
-        let mut values = exposition.samples_named(name).map(|s| s.value).peekable();
-        values.peek().is_some().then(|| values.sum::<f64>())
+    let prefix = match (before.prefix_queries, now.prefix_queries, before.prefix_hits, now.prefix_hits) {
+        (Some(q0), Some(q1), Some(h0), Some(h1)) => {
+            // Both counters restart together; if either went back, take both anew.
+            let reset = restarted || q1 < q0 || h1 < h0;
+            Some(if reset { (q1, h1) } else { (q1 - q0, h1 - h0) })
+        }
+        _ => None,
     };
-    let mean = |name: &str| {
-        let values: Vec<f64> = exposition.samples_named(name).map(|s| s.value).collect();
-        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
-    };
-    let model = exposition
-        .samples
-        .iter()
-        .filter(|s| s.name.starts_with(engine.name()))
-        .find_map(|s| s.label("model_name").map(str::to_string));
-    Ok(Reading {
-        engine,
-        model,
-        running: sum(names.running),
-        waiting: sum(names.waiting),
-        kv_usage: mean(names.kv_usage).map(|u| u.clamp(0.0, 1.0)),
-        prefix_queries: sum(names.queries),
-        prefix_hits: sum(names.hits),
-        ttft_buckets: buckets(exposition, names.ttft_bucket),
+    Step {
+        at,
+        dt: at - before_at,
+        prefix,
+        prompt_tokens: counter(before.prompt_tokens, now.prompt_tokens),
+        generation_tokens: counter(before.generation_tokens, now.generation_tokens),
+        preemptions: counter(before.preemptions, now.preemptions),
+        ttft: histogram_delta(before.ttft.as_ref(), now.ttft.as_ref(), restarted),
+        itl: histogram_delta(before.itl.as_ref(), now.itl.as_ref(), restarted),
+    }
+}
+
+/// Per-bucket increases; a reset (any bucket or the count going back, or the bucket layout
+/// changing) takes the new histogram whole.
+fn histogram_delta(
+    before: Option<&Histogram>,
+    now: Option<&Histogram>,
+    restarted: bool,
+) -> Option<Histogram> {
+    let (before, now) = (before?, now?);
+    let same_layout = before.buckets.len() == now.buckets.len()
+        && before.buckets.iter().zip(&now.buckets).all(|(a, b)| a.0 == b.0);
+    let reset = restarted
+        || !same_layout
+        || now.count < before.count
+        || before.buckets.iter().zip(&now.buckets).any(|(a, b)| b.1 < a.1);
+    if reset {
+        return Some(now.clone());
+    }
+    Some(Histogram {
+        buckets: before.buckets.iter().zip(&now.buckets).map(|(a, b)| (b.0, b.1 - a.1)).collect(),
+        sum: (now.sum - before.sum).max(0.0),
+        count: now.count - before.count,
     })
 }
 
-/// Cumulative bucket counts by bound, summed over label sets with the same bound.
-fn buckets(exposition: &Exposition, name: &str) -> Vec<(f64, f64)> {
-    let mut by_bound: Vec<(f64, f64)> = Vec::new();
-    for sample in exposition.samples_named(name) {
-        let Some(bound) = sample.label("le").and_then(|le| match le {
-            "+Inf" | "Inf" => Some(f64::INFINITY),
-            other => other.parse::<f64>().ok(),
-        }) else {
-            continue;
-        };
-        match by_bound.iter_mut().find(|(b, _)| *b == bound) {
-            Some((_, count)) => *count += sample.value,
-            None => by_bound.push((bound, sample.value)),
+/// Sums histogram deltas that share the latest layout (older layouts predate a restart).
+fn merged<'a>(deltas: impl DoubleEndedIterator<Item = &'a Histogram>) -> Option<Histogram> {
+    let mut deltas = deltas.rev();
+    let mut total = deltas.next()?.clone();
+    for delta in deltas {
+        let same = delta.buckets.len() == total.buckets.len()
+            && delta.buckets.iter().zip(&total.buckets).all(|(a, b)| a.0 == b.0);
+        if !same {
+            break;
+        }
+        for (sum, add) in total.buckets.iter_mut().zip(&delta.buckets) {
+            sum.1 += add.1;
+        }
+        total.sum += delta.sum;
+        total.count += delta.count;
+    }
+    Some(total)
+}
+
+/// Readings of one target over a sliding span of time, and the signals they give.
+#[derive(Debug, Clone)]
+pub struct Window {
+    span: f64,
+    identity: Option<(Engine, &'static str, Option<String>)>,
+    created: Option<f64>,
+    total: Track,
+    ranks: HashMap<String, Track>,
+    rank_order: Vec<String>,
+}
+
+impl Window {
+    /// A window over the last `span` (at least one step is always kept, so a span shorter
+    /// than the scrape interval means "between the last two scrapes").
+    pub fn new(span: Duration) -> Self {
+        Self {
+            span: span.as_secs_f64(),
+            identity: None,
+            created: None,
+            total: Track::default(),
+            ranks: HashMap::new(),
+            rank_order: Vec::new(),
         }
     }
-    by_bound.sort_by(|a, b| a.0.total_cmp(&b.0));
-    by_bound
-}
 
-/// Increase of a cumulative counter; a decrease means the engine restarted.
-fn counter_delta(previous: f64, current: f64) -> f64 {
-    if current >= previous { current - previous } else { current }
-}
-
-/// The normalised signals between `previous` (if any) and `current`.
-pub fn derive(previous: Option<&Reading>, current: &Reading) -> Signals {
-    let mut signals = Signals {
-        queue_depth: current.waiting,
-        running: current.running,
-        kv_usage: current.kv_usage,
-        ..Signals::default()
-    };
-    let Some(previous) = previous else { return signals };
-    if let (Some(q0), Some(q1), Some(h0), Some(h1)) =
-        (previous.prefix_queries, current.prefix_queries, previous.prefix_hits, current.prefix_hits)
-    {
-        let restarted = q1 < q0 || h1 < h0;
-        let (queries, hits) =
-            if restarted { (q1, h1) } else { (counter_delta(q0, q1), counter_delta(h0, h1)) };
-        if queries > 0.0 {
-            signals.hit_rate = Some((hits / queries).clamp(0.0, 1.0));
+    /// Adds a reading taken at `at_s` (seconds on any monotonic clock).
+    pub fn push(&mut self, at_s: f64, reading: &Reading) {
+        // A different engine behind the same URL shares nothing with the old one.
+        if self.identity.as_ref().is_some_and(|(engine, ..)| *engine != reading.engine) {
+            *self = Self::new(Duration::from_secs_f64(self.span));
         }
+        let restarted = matches!((self.created, reading.created), (Some(a), Some(b)) if a != b);
+        let span = self.span;
+        self.total.push(at_s, &reading.total, restarted, span);
+        for (rank, values) in &reading.ranks {
+            if !self.ranks.contains_key(rank) {
+                self.rank_order.push(rank.clone());
+            }
+            self.ranks.entry(rank.clone()).or_default().push(at_s, values, restarted, span);
+        }
+        // Ranks that stopped reporting drop out rather than show stale values.
+        self.rank_order.retain(|rank| reading.ranks.iter().any(|(r, _)| r == rank));
+        self.ranks.retain(|rank, _| reading.ranks.iter().any(|(r, _)| r == rank));
+        self.created = reading.created;
+        self.identity = Some((reading.engine, reading.flavor, reading.model.clone()));
     }
-    let deltas = bucket_deltas(&previous.ttft_buckets, &current.ttft_buckets);
-    signals.ttft_p50_s = histogram_quantile(0.5, &deltas);
-    signals.ttft_p95_s = histogram_quantile(0.95, &deltas);
-    signals
+
+    /// The signals over the window, `None` before the first reading.
+    pub fn signals(&self) -> Option<ReplicaSignals> {
+        let (engine, flavor, model) = self.identity.clone()?;
+        let mut ranks: Vec<(String, EngineSignals)> =
+            self.rank_order.iter().map(|r| (r.clone(), self.ranks[r].signals())).collect();
+        ranks.sort_by(|a, b| rank_order(&a.0, &b.0));
+        Some(ReplicaSignals { engine, flavor, model, total: self.total.signals(), ranks })
+    }
 }
 
-/// Per-bound increases between two cumulative histograms (a reset takes the new counts).
-fn bucket_deltas(previous: &[(f64, f64)], current: &[(f64, f64)]) -> Vec<(f64, f64)> {
-    let restarted = current.iter().any(|(bound, count)| {
-        previous.iter().find(|(b, _)| b == bound).is_some_and(|(_, before)| count < before)
-    });
-    current
-        .iter()
-        .map(|&(bound, count)| {
-            let before =
-                if restarted { 0.0 } else { previous.iter().find(|(b, _)| *b == bound).map_or(0.0, |p| p.1) };
-            (bound, count - before)
-        })
-        .collect()
+/// Ranks sort numerically when they are numbers ("2" before "10"), numbers before other
+/// names, and by text otherwise: a total order (mixing the two rules would not be, and sorting
+/// panics on an inconsistent order; the fuzzer found that).
+pub(crate) fn rank_order(a: &str, b: &str) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    match (a.parse::<u64>(), b.parse::<u64>()) {
+        (Ok(x), Ok(y)) => x.cmp(&y).then_with(|| a.cmp(b)),
+        (Ok(_), Err(_)) => Ordering::Less,
+        (Err(_), Ok(_)) => Ordering::Greater,
+        (Err(_), Err(_)) => a.cmp(b),
+    }
 }
 
 /// Prometheus' `histogram_quantile`: linear interpolation inside the bucket holding rank
-/// `q * total`; `None` when no observation fell in the window.
+/// `q * total`; `None` when no observation fell in the window or there are no buckets.
 pub fn histogram_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
     let total = buckets.last()?.1;
-    if total <= 0.0 || !(0.0..=1.0).contains(&q) {
+    if total <= 0.0 || !(0.0..=1.0).contains(&q) || !buckets.last()?.0.is_infinite() {
         return None;
     }
     let rank = q * total;
@@ -226,75 +358,118 @@ pub fn histogram_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exposition::parse;
 
-    fn vllm(queries: f64, hits: f64, buckets: [f64; 3]) -> Reading {
-        let text = format!(
-            "vllm:num_requests_running{{model_name=\"m\",engine=\"0\"}} 2.0\n\
-             vllm:num_requests_waiting{{model_name=\"m\",engine=\"0\"}} 5.0\n\
-             vllm:kv_cache_usage_perc{{model_name=\"m\",engine=\"0\"}} 0.25\n\
-             vllm:prefix_cache_queries_total{{model_name=\"m\",engine=\"0\"}} {queries}\n\
-             vllm:prefix_cache_hits_total{{model_name=\"m\",engine=\"0\"}} {hits}\n\
-             vllm:time_to_first_token_seconds_bucket{{le=\"0.1\",model_name=\"m\",engine=\"0\"}} {}\n\
-             vllm:time_to_first_token_seconds_bucket{{le=\"1.0\",model_name=\"m\",engine=\"0\"}} {}\n\
-             vllm:time_to_first_token_seconds_bucket{{le=\"+Inf\",model_name=\"m\",engine=\"0\"}} {}\n",
-            buckets[0], buckets[1], buckets[2]
-        );
-        read(&parse(&text).unwrap()).unwrap()
+    fn reading(queries: f64, hits: f64, buckets: [f64; 3]) -> Reading {
+        let ttft = Histogram {
+            buckets: vec![(0.1, buckets[0]), (1.0, buckets[1]), (f64::INFINITY, buckets[2])],
+            sum: 0.0,
+            count: buckets[2],
+        };
+        Reading {
+            engine: Engine::Vllm,
+            flavor: "test",
+            model: Some("m".into()),
+            created: None,
+            total: Values {
+                running: Some(2.0),
+                waiting: Some(5.0),
+                kv_usage: Some(0.25),
+                prefix_queries: Some(queries),
+                prefix_hits: Some(hits),
+                prompt_tokens: Some(queries),
+                ttft: Some(ttft),
+                ..Values::default()
+            },
+            ranks: Vec::new(),
+        }
+    }
+
+    fn window(points: &[(f64, Reading)]) -> EngineSignals {
+        let mut window = Window::new(Duration::from_secs(10));
+        for (at, r) in points {
+            window.push(*at, r);
+        }
+        window.signals().unwrap().total
     }
 
     #[test]
-    fn gauges_are_read_and_rates_need_two_scrapes() {
-        let first = vllm(100.0, 50.0, [1.0, 2.0, 2.0]);
-        assert_eq!(first.engine, Engine::Vllm);
-        assert_eq!(first.model.as_deref(), Some("m"));
-        let alone = derive(None, &first);
+    fn gauges_come_at_once_and_rates_need_two_scrapes() {
+        let alone = window(&[(0.0, reading(100.0, 50.0, [1.0, 2.0, 2.0]))]);
         assert_eq!((alone.queue_depth, alone.running, alone.kv_usage), (Some(5.0), Some(2.0), Some(0.25)));
-        assert_eq!(alone.hit_rate, None);
-        assert_eq!(alone.ttft_p50_s, None);
+        assert_eq!((alone.hit_rate, alone.ttft_p50_s, alone.prompt_tokens_per_s), (None, None, None));
     }
 
     #[test]
-    fn hit_rate_and_quantiles_come_from_deltas() {
-        let before = vllm(100.0, 50.0, [1.0, 2.0, 2.0]);
+    fn hit_rate_rates_and_quantiles_come_from_deltas_over_the_window() {
         // 200 more queried tokens of which 150 hit; 10 more requests: 8 under 0.1 s, 2 under 1 s.
-        let after = vllm(300.0, 200.0, [9.0, 12.0, 12.0]);
-        let signals = derive(Some(&before), &after);
-        assert_eq!(signals.hit_rate, Some(0.75));
-        let p50 = signals.ttft_p50_s.unwrap();
+        let s = window(&[
+            (0.0, reading(100.0, 50.0, [1.0, 2.0, 2.0])),
+            (1.0, reading(200.0, 130.0, [5.0, 6.0, 6.0])),
+            (2.0, reading(300.0, 200.0, [9.0, 12.0, 12.0])),
+        ]);
+        assert_eq!(s.hit_rate, Some(0.75));
+        assert_eq!(s.prompt_tokens_per_s, Some(100.0));
+        let p50 = s.ttft_p50_s.unwrap();
         assert!((p50 - 0.0625).abs() < 1e-9, "{p50}"); // rank 5 of 8 in [0, 0.1]
-        let p95 = signals.ttft_p95_s.unwrap();
+        let p95 = s.ttft_p95_s.unwrap();
         assert!((p95 - (0.1 + 0.9 * 1.5 / 2.0)).abs() < 1e-9, "{p95}");
     }
 
     #[test]
-    fn a_counter_reset_takes_the_new_values() {
-        let before = vllm(1000.0, 900.0, [50.0, 60.0, 60.0]);
-        let after = vllm(40.0, 10.0, [2.0, 4.0, 4.0]);
-        let signals = derive(Some(&before), &after);
-        assert_eq!(signals.hit_rate, Some(0.25));
-        assert!(signals.ttft_p50_s.unwrap() <= 0.1);
+    fn old_steps_leave_the_window() {
+        let s = window(&[
+            (0.0, reading(0.0, 0.0, [0.0; 3])),
+            (1.0, reading(100.0, 100.0, [1.0; 3])), // all hits, then out of the window
+            (20.0, reading(200.0, 100.0, [1.0; 3])), // 100 queries, no hits
+        ]);
+        assert_eq!(s.hit_rate, Some(0.0));
+        assert_eq!(s.ttft_p50_s, None, "no request finished in the window");
+    }
+
+    #[test]
+    fn a_counter_reset_mid_window_counts_the_new_values_not_a_negative() {
+        let s = window(&[
+            (0.0, reading(1000.0, 900.0, [50.0, 60.0, 60.0])),
+            (1.0, reading(40.0, 10.0, [2.0, 4.0, 4.0])),
+            (2.0, reading(80.0, 30.0, [4.0, 8.0, 8.0])),
+        ]);
+        assert_eq!(s.hit_rate, Some(0.375)); // (10 + 20) / (40 + 40)
+        assert_eq!(s.prompt_tokens_per_s, Some(40.0));
+        assert!(s.ttft_p50_s.unwrap() <= 1.0);
+    }
+
+    #[test]
+    fn a_changed_created_timestamp_is_a_restart_even_if_counters_grew() {
+        let mut a = reading(100.0, 50.0, [1.0; 3]);
+        a.created = Some(1.0);
+        let mut b = reading(300.0, 300.0, [2.0; 3]);
+        b.created = Some(2.0);
+        assert_eq!(window(&[(0.0, a), (1.0, b)]).hit_rate, Some(1.0)); // 300 / 300, not 250 / 200
     }
 
     #[test]
     fn no_traffic_means_no_rate_rather_than_zero() {
-        let reading = vllm(10.0, 5.0, [1.0, 1.0, 1.0]);
-        let signals = derive(Some(&reading), &reading);
-        assert_eq!(signals.hit_rate, None);
-        assert_eq!(signals.ttft_p95_s, None);
+        let r = reading(10.0, 5.0, [1.0, 1.0, 1.0]);
+        let s = window(&[(0.0, r.clone()), (1.0, r)]);
+        assert_eq!((s.hit_rate, s.ttft_p95_s), (None, None));
+        assert_eq!(s.prompt_tokens_per_s, Some(0.0), "a provided counter that did not move is a zero rate");
+        assert_eq!(s.preemptions_per_s, None, "not provided");
     }
 
     #[test]
-    fn legacy_vllm_and_unknown_endpoints_are_told_apart() {
-        let legacy =
-            parse("vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.5\nvllm:num_requests_running 1\n").unwrap();
-        let reading = read(&legacy).unwrap();
-        assert_eq!(reading.engine, Engine::VllmLegacy);
-        assert_eq!(reading.kv_usage, Some(0.5));
-        let unknown =
-            read(&parse("process_cpu_seconds_total 1\nhttp_requests_total 2\n").unwrap()).unwrap_err();
-        assert_eq!(unknown.families, ["http_requests_total", "process_cpu_seconds_total"]);
-        assert!(unknown.to_string().contains("unsupported engine"));
+    fn a_short_span_still_keeps_the_last_step() {
+        let mut w = Window::new(Duration::from_millis(1));
+        w.push(0.0, &reading(0.0, 0.0, [0.0; 3]));
+        w.push(5.0, &reading(10.0, 5.0, [0.0; 3]));
+        assert_eq!(w.signals().unwrap().total.hit_rate, Some(0.5));
+    }
+
+    #[test]
+    fn rank_order_is_total_even_for_mixed_labels() {
+        // "2" < "10" numerically, "10" < "1a" and "1a" < "2" as text would be a cycle.
+        let mut ranks = vec!["1a", "10", "2", "01", "1", "x", "02"];
+        ranks.sort_by(|a, b| rank_order(a, b));
+        assert_eq!(ranks, ["01", "1", "02", "2", "10", "1a", "x"]);
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub async fn garbage_metrics() -> Result<Endpoint> {
 
 /// `/metrics` accepts the connection and never answers.
 pub async fn silent_metrics() -> Result<Endpoint> {
-    serve(Router::new().route("/metrics", get(|| std::future::pending::<String>()))).await
+    serve(Router::new().route("/metrics", get(std::future::pending::<String>))).await
 }
 
 /// A URL on which nothing listens (the port was bound once, then released).

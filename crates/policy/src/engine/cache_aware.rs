@@ -1,5 +1,7 @@
 //! The cache-aware policies: `cache_aware_approx` (SGLang), `kv_precise` (Dynamo) and `weighted_scorers` (llm-d).
 
+use std::fmt;
+
 use rand::{Rng, RngCore};
 
 use super::load_based::fill_loads_and_pick_least;
@@ -25,12 +27,65 @@ fn name_list(names: &[ReplicaId]) -> String {
     text
 }
 
+/// Locations whose match counts live on the stack during a pick; larger indexes use one heap buffer.
+const INLINE_LOCATIONS: usize = 256;
+
+/// A reason sentence, formatted into one buffer sized for it: `format!` sizes from the literal text only,
+/// so these sentences (mostly arguments) would otherwise grow it two or three times.
+fn sentence(args: fmt::Arguments<'_>) -> String {
+    let mut text = String::with_capacity(256);
+    // Writing into a String cannot fail.
+    let _ = fmt::Write::write_fmt(&mut text, args);
+    text
+}
+
 /// Matches the prompt against `index` and records each candidate's matched blocks.
 fn fill_matches(pick: &mut PickInProgress, index: &PrefixIndex, view: &RequestView) {
-    let mut matched = Vec::new();
-    index.match_prefix(&view.block_hashes, &mut matched);
-    for (position, slot) in pick.slots.iter().enumerate() {
-        pick.candidates[position].matched_blocks = Some(matched.get(*slot as usize).copied().unwrap_or(0));
+    let locations = index.location_count();
+    let mut inline = [0u32; INLINE_LOCATIONS];
+    let mut spilled = Vec::new();
+    let matched: &mut [u32] = if locations <= INLINE_LOCATIONS {
+        &mut inline[..locations]
+    } else {
+        spilled.resize(locations, 0);
+        &mut spilled
+    };
+    index.match_prefix_into(&view.block_hashes, matched);
+    for (candidate, slot) in pick.candidates.iter_mut().zip(&pick.slots) {
+        candidate.matched_blocks = Some(matched.get(*slot as usize).copied().unwrap_or(0));
+    }
+}
+
+/// An `f64` rendered exactly as `{}` renders it, but whole numbers (the usual case for block counts,
+/// weights and costs) go through integer formatting, which is several times cheaper than float printing.
+struct Num(f64);
+
+/// An `f64` rendered exactly as `{:.N}` renders it, with the same whole-number shortcut as [`Num`].
+struct Fixed(f64, usize);
+
+/// The value as an integer when `{}` would print it as one (whole, in i64 range, and not -0, which
+/// prints with its sign).
+fn whole(value: f64) -> Option<i64> {
+    let exact = value.fract() == 0.0 && value.abs() < 1e15 && !(value == 0.0 && value.is_sign_negative());
+    exact.then_some(value as i64)
+}
+
+impl fmt::Display for Num {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match whole(self.0) {
+            Some(integer) => write!(f, "{integer}"),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+impl fmt::Display for Fixed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match whole(self.0) {
+            Some(integer) if self.1 == 0 => write!(f, "{integer}"),
+            Some(integer) => write!(f, "{integer}.{:0<width$}", "", width = self.1),
+            None => write!(f, "{:.*}", self.1, self.0),
+        }
     }
 }
 
@@ -50,8 +105,8 @@ pub(super) fn approx(
 ) {
     let prompt_blocks = view.block_hashes.len();
     fill_matches(pick, &engine.routed_index, view);
-    for position in 0..pick.candidates.len() {
-        pick.candidates[position].score = Some(share(matched(pick, position), prompt_blocks));
+    for candidate in &mut pick.candidates {
+        candidate.score = Some(share(candidate.matched_blocks.unwrap_or(0), prompt_blocks));
     }
     if engine.routed_index.distinct_blocks() == 0 {
         pick.notes.push(
@@ -59,9 +114,13 @@ pub(super) fn approx(
                 .to_owned(),
         );
     }
-    let loads: Vec<u64> = pick.healthy.iter().map(|&p| pick.candidates[p].outstanding).collect();
-    let max = loads.iter().copied().max().unwrap_or(0);
-    let min = loads.iter().copied().min().unwrap_or(0);
+    // `healthy` is never empty here (the pick would have failed), so both bounds are real loads.
+    let (mut min, mut max) = (u64::MAX, 0);
+    for &position in &pick.healthy {
+        let outstanding = pick.candidates[position].outstanding;
+        min = min.min(outstanding);
+        max = max.max(outstanding);
+    }
     // SGLang's imbalance test: both the absolute and the relative gap must be exceeded.
     let imbalanced =
         max - min > params.balance_abs_threshold && max as f64 > params.balance_rel_threshold * min as f64;
@@ -74,17 +133,18 @@ pub(super) fn approx(
     };
     if imbalanced {
         let position = least_loaded(pick);
-        let reason = format!(
+        let reason = sentence(format_args!(
             "balance: outstanding requests range from {min} to {max} (gap {} > {} and {max} > {} x {min}), so the \
              least loaded {} was chosen",
             max - min,
             params.balance_abs_threshold,
             params.balance_rel_threshold,
             pick.replica(position)
-        );
+        ));
         pick.decide(position, Branch::Balance, reason);
         return;
     }
+    // Longest match, ties to the less loaded, then to engine order.
     let best =
         argmin_by(&pick.healthy, |p| (std::cmp::Reverse(matched(pick, p)), pick.candidates[p].outstanding));
     let best_matched = matched(pick, best);
@@ -93,24 +153,48 @@ pub(super) fn approx(
         for &position in &pick.healthy {
             pick.candidates[position].load = Some(pick.candidates[position].outstanding as f64);
         }
-        let reason = format!(
-            "cache: {} holds {best_matched} of {prompt_blocks} prompt blocks ({:.0}%), the longest match, above \
+        let reason = sentence(format_args!(
+            "cache: {} holds {best_matched} of {prompt_blocks} prompt blocks ({}%), the longest match, above \
              cache_threshold {}",
             pick.replica(best),
-            best_share * 100.0,
+            Fixed(best_share * 100.0, 0),
             params.cache_threshold
-        );
+        ));
         pick.decide(best, Branch::Cache, reason);
     } else {
         let position = least_loaded(pick);
-        let reason = format!(
-            "fallback: the longest prefix match is {best_matched} of {prompt_blocks} blocks ({:.0}%), not above \
+        let reason = sentence(format_args!(
+            "fallback: the longest prefix match is {best_matched} of {prompt_blocks} blocks ({}%), not above \
              cache_threshold {}, so the least loaded {} was chosen",
-            best_share * 100.0,
+            Fixed(best_share * 100.0, 0),
             params.cache_threshold,
             pick.replica(position)
-        );
+        ));
         pick.decide(position, Branch::Fallback, reason);
+    }
+}
+
+/// How a `kv_precise` cost adds up, written straight into the reason (no intermediate string).
+struct CostExplanation<'a> {
+    cost: f64,
+    params: &'a KvPreciseParams,
+    uncached: f64,
+    active_prefill_blocks: u64,
+    active_decode_blocks: u64,
+}
+
+impl fmt::Display for CostExplanation<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cost {} = {} x ({} uncached + {} active prefill blocks) + {} x {} active decode blocks",
+            Fixed(self.cost, 1),
+            Num(self.params.prefill_weight),
+            Num(self.uncached),
+            self.active_prefill_blocks,
+            Num(self.params.decode_weight),
+            self.active_decode_blocks,
+        )
     }
 }
 
@@ -123,51 +207,71 @@ pub(super) fn precise<R: RngCore + ?Sized>(
 ) {
     let prompt_blocks = view.block_hashes.len() as f64;
     fill_matches(pick, &engine.kv_indexes[Medium::Gpu.index()], view);
-    let mut silent = Vec::new();
-    for position in 0..pick.candidates.len() {
-        let Some(state) = engine.slots[pick.slots[position] as usize].as_ref() else { continue };
-        let uncached = prompt_blocks - f64::from(matched(pick, position));
+    // Every candidate's cost and how many healthy replicas are silent (no KV events yet); then the cheapest
+    // healthy candidate (first in engine order on ties, as `argmin_by` picks), found once for every branch.
+    let mut silent = 0usize;
+    let mut cheapest: Option<(usize, f64)> = None;
+    for (candidate, slot) in pick.candidates.iter_mut().zip(&pick.slots) {
+        let Some(state) = engine.slots[*slot as usize].as_ref() else { continue };
+        let uncached = prompt_blocks - f64::from(candidate.matched_blocks.unwrap_or(0));
         let cost = params.prefill_weight * (uncached + state.active_prefill_blocks as f64)
             + params.decode_weight * state.active_decode_blocks as f64;
-        pick.candidates[position].cost = Some(cost);
-        if state.kv_events == 0 && state.healthy {
-            silent.push(state.id);
+        candidate.cost = Some(cost);
+        if state.healthy {
+            silent += usize::from(state.kv_events == 0);
         }
     }
+    for &position in &pick.healthy {
+        let cost = pick.candidates[position].cost.unwrap_or(f64::INFINITY);
+        if cheapest.is_none_or(|(_, best)| cost < best) {
+            cheapest = Some((position, cost));
+        }
+    }
+    let cheapest = cheapest.map_or(pick.healthy[0], |(position, _)| position);
     let cost = |pick: &PickInProgress, p: usize| pick.candidates[p].cost.unwrap_or(f64::INFINITY);
     let explain = |pick: &PickInProgress, p: usize| {
         let state = engine.slots[pick.slots[p] as usize].as_ref();
-        format!(
-            "cost {:.1} = {} x ({} uncached + {} active prefill blocks) + {} x {} active decode blocks",
-            cost(pick, p),
-            params.prefill_weight,
-            prompt_blocks - f64::from(matched(pick, p)),
-            state.map_or(0, |s| s.active_prefill_blocks),
-            params.decode_weight,
-            state.map_or(0, |s| s.active_decode_blocks),
-        )
+        CostExplanation {
+            cost: cost(pick, p),
+            params,
+            uncached: prompt_blocks - f64::from(matched(pick, p)),
+            active_prefill_blocks: state.map_or(0, |s| s.active_prefill_blocks),
+            active_decode_blocks: state.map_or(0, |s| s.active_decode_blocks),
+        }
     };
-    if silent.len() == pick.healthy.len() {
-        let position = argmin_by(&pick.healthy, |p| cost(pick, p));
+    if silent == pick.healthy.len() {
+        let position = cheapest;
         pick.notes.push("no KV events have been received from any healthy replica".to_owned());
-        let reason = format!(
+        let reason = sentence(format_args!(
             "fallback: no replica has sent KV events, so cache overlap is unknown (counted as none) and the pick \
              rests on load alone: {} has the lowest {}",
             pick.replica(position),
             explain(pick, position)
-        );
+        ));
         pick.decide(position, Branch::Fallback, reason);
         return;
     }
-    if !silent.is_empty() {
+    if silent > 0 {
+        // Named only when some replicas are silent and others are not, so the common pick collects nothing.
+        let silent: Vec<ReplicaId> = pick
+            .healthy
+            .iter()
+            .filter_map(|&p| engine.slots[pick.slots[p] as usize].as_ref())
+            .filter(|state| state.kv_events == 0)
+            .map(|state| state.id)
+            .collect();
         pick.notes.push(format!(
             "no KV events received from {}: their cached blocks are unknown and counted as none",
             name_list(&silent)
         ));
     }
     if params.temperature <= 0.0 {
-        let position = argmin_by(&pick.healthy, |p| cost(pick, p));
-        let reason = format!("cost: {} has the lowest {}", pick.replica(position), explain(pick, position));
+        let position = cheapest;
+        let reason = sentence(format_args!(
+            "cost: {} has the lowest {}",
+            pick.replica(position),
+            explain(pick, position)
+        ));
         pick.decide(position, Branch::Cost, reason);
         return;
     }
@@ -191,13 +295,13 @@ pub(super) fn precise<R: RngCore + ?Sized>(
         }
         draw -= weight;
     }
-    let reason = format!(
+    let reason = sentence(format_args!(
         "sampled: {} drawn with probability {:.2} at temperature {} ({})",
         pick.replica(chosen),
         pick.candidates[chosen].score.unwrap_or(0.0),
         params.temperature,
         explain(pick, chosen)
-    );
+    ));
     pick.decide(chosen, Branch::Sampled, reason);
 }
 
@@ -310,4 +414,47 @@ pub(super) fn weighted(
         if all_filtered { "healthy (all overloaded) " } else { "eligible " },
     );
     pick.decide(best, if all_filtered { Branch::Fallback } else { Branch::Score }, reason);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_number_shortcut_prints_exactly_what_std_prints() {
+        let values = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            0.3,
+            0.5,
+            1.5,
+            2.5,
+            -2.5,
+            99.95,
+            100.0,
+            123_456.0,
+            1e14,
+            1e15,
+            1e16,
+            1e20,
+            -1e20,
+            4.0 / 3.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MIN_POSITIVE,
+        ];
+        for value in values {
+            assert_eq!(Num(value).to_string(), format!("{value}"), "{{}} of {value:?}");
+            for precision in 0..4 {
+                assert_eq!(
+                    Fixed(value, precision).to_string(),
+                    format!("{value:.precision$}"),
+                    "{{:.{precision}}} of {value:?}"
+                );
+            }
+        }
+    }
 }

@@ -72,12 +72,18 @@ pub(super) fn consistent_hash(
             return;
         }
     };
+    // Candidate position of each slot (`usize::MAX` for free slots); only the ring walk needs it, so it
+    // is built here rather than in every pick.
+    let mut position_by_slot = vec![usize::MAX; engine.slots.len()];
+    for (position, slot) in pick.slots.iter().enumerate() {
+        position_by_slot[*slot as usize] = position;
+    }
     let start = engine.ring.partition_point(|(point, _)| *point < key);
     let mut visited = vec![false; pick.candidates.len()];
     let mut skipped = Vec::new();
     for step in 0..engine.ring.len() {
         let (_, slot) = engine.ring[(start + step) % engine.ring.len()];
-        let position = pick.position_by_slot[slot as usize];
+        let position = position_by_slot[slot as usize];
         if std::mem::replace(&mut visited[position], true) {
             continue;
         }

@@ -1,0 +1,409 @@
+//! Every engine's exposition (two scrapes 5 s apart, under `tests/fixtures/`) parsed, detected
+//! and normalised, checked against a table of expected signals; plus counter resets, missing
+//! families and unknown endpoints.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fleet_telemetry::exposition::parse;
+use fleet_telemetry::{Engine, EngineSignals, ReplicaSignals, Window, read};
+
+fn fixture(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// Signals from scrape 1 at t=0 and scrape 2 at t=5 s of fixture `stem`.
+fn signals_of(first: &str, second: &str) -> ReplicaSignals {
+    let mut window = Window::new(Duration::from_secs(30));
+    for (at, text) in [(0.0, first), (5.0, second)] {
+        let exposition = parse(text).unwrap_or_else(|e| panic!("{e}"));
+        window.push(at, &read(&exposition).unwrap_or_else(|e| panic!("{e}")));
+    }
+    window.signals().expect("two readings give signals")
+}
+
+struct Case {
+    stem: &'static str,
+    engine: Engine,
+    flavor_contains: &'static str,
+    model: Option<&'static str>,
+    expect: EngineSignals,
+    /// `(rank, running, hit_rate)` for engines that label ranks.
+    ranks: &'static [(&'static str, Option<f64>, Option<f64>)],
+}
+
+const fn s() -> EngineSignals {
+    EngineSignals {
+        queue_depth: None,
+        running: None,
+        kv_usage: None,
+        hit_rate: None,
+        ttft_p50_s: None,
+        ttft_p95_s: None,
+        ttft_p99_s: None,
+        itl_p50_s: None,
+        itl_p95_s: None,
+        itl_mean_s: None,
+        prompt_tokens_per_s: None,
+        generation_tokens_per_s: None,
+        preemptions_per_s: None,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let vllm = EngineSignals {
+        queue_depth: Some(2.0),
+        running: Some(5.0),
+        kv_usage: Some(0.4),
+        hit_rate: Some(1750.0 / 3000.0),
+        ttft_p50_s: Some(0.175),
+        ttft_p95_s: Some(0.2425),
+        ttft_p99_s: Some(0.2485),
+        itl_p50_s: Some(0.0175),
+        itl_p95_s: Some(0.02425),
+        itl_mean_s: Some(0.02),
+        prompt_tokens_per_s: Some(600.0),
+        generation_tokens_per_s: Some(100.0),
+        preemptions_per_s: Some(1.0),
+    };
+    let vllm_ranks: &[(&str, Option<f64>, Option<f64>)] =
+        &[("0", Some(3.0), Some(0.75)), ("1", Some(2.0), Some(0.25))];
+    vec![
+        Case {
+            stem: "vllm",
+            engine: Engine::Vllm,
+            flavor_contains: "current",
+            model: Some("meta-llama/Llama-3.1-8B-Instruct"),
+            expect: vllm,
+            ranks: vllm_ranks,
+        },
+        Case {
+            stem: "vllm-legacy",
+            engine: Engine::Vllm,
+            flavor_contains: "legacy",
+            model: Some("meta-llama/Llama-3.1-8B-Instruct"),
+            expect: vllm,
+            ranks: vllm_ranks,
+        },
+        Case {
+            stem: "llm-d-sim",
+            engine: Engine::Vllm,
+            flavor_contains: "llm-d-inference-sim",
+            model: Some("Qwen/Qwen2.5-1.5B-Instruct"),
+            expect: EngineSignals {
+                queue_depth: Some(2.0),
+                running: Some(4.0),
+                kv_usage: Some(0.125),
+                hit_rate: Some(0.5),
+                ttft_p50_s: Some(0.375),
+                ttft_p95_s: Some(0.4875),
+                ttft_p99_s: Some(0.4975),
+                itl_p50_s: Some(0.0375),
+                itl_p95_s: Some(0.04875),
+                itl_mean_s: Some(0.04),
+                prompt_tokens_per_s: Some(120.0),
+                generation_tokens_per_s: Some(50.0),
+                ..s()
+            },
+            ranks: &[],
+        },
+        Case {
+            stem: "sglang",
+            engine: Engine::Sglang,
+            flavor_contains: "SGLang",
+            model: Some("Qwen/Qwen3-8B"),
+            expect: EngineSignals {
+                queue_depth: Some(3.0),
+                running: Some(6.0),
+                kv_usage: Some(0.62),
+                hit_rate: Some(0.75),
+                ttft_p50_s: Some(0.4 + 0.2 * 10.0 / 18.0),
+                ttft_p95_s: Some(1.5),
+                ttft_p99_s: Some(1.9),
+                itl_p50_s: Some(0.0175),
+                itl_p95_s: Some(0.01975),
+                itl_mean_s: Some(0.018),
+                prompt_tokens_per_s: Some(800.0),
+                generation_tokens_per_s: Some(400.0),
+                preemptions_per_s: Some(0.2),
+            },
+            ranks: &[],
+        },
+        Case {
+            stem: "tgi",
+            engine: Engine::Tgi,
+            flavor_contains: "TGI",
+            model: None,
+            expect: EngineSignals {
+                queue_depth: Some(5.0),
+                running: Some(8.0),
+                kv_usage: Some(0.25),
+                itl_p50_s: Some(
+                    0.0001 * 1.5f64.powi(13) + 0.0001 * (1.5f64.powi(14) - 1.5f64.powi(13)) * 0.5,
+                ),
+                itl_p95_s: Some(
+                    0.0001 * 1.5f64.powi(13) + 0.0001 * (1.5f64.powi(14) - 1.5f64.powi(13)) * 0.95,
+                ),
+                itl_mean_s: Some(0.025),
+                prompt_tokens_per_s: Some(800.0),
+                generation_tokens_per_s: Some(500.0),
+                ..s()
+            },
+            ranks: &[],
+        },
+        Case {
+            stem: "llamacpp",
+            engine: Engine::LlamaCpp,
+            flavor_contains: "llama.cpp",
+            model: None,
+            expect: EngineSignals {
+                queue_depth: Some(1.0),
+                running: Some(2.0),
+                kv_usage: Some(0.21),
+                itl_mean_s: Some(0.025),
+                prompt_tokens_per_s: Some(500.0),
+                generation_tokens_per_s: Some(40.0),
+                ..s()
+            },
+            ranks: &[],
+        },
+        Case {
+            stem: "trtllm",
+            engine: Engine::TrtLlm,
+            flavor_contains: "trtllm-serve",
+            model: Some("nvidia/Llama-3.1-8B-Instruct-FP8"),
+            expect: EngineSignals {
+                queue_depth: Some(0.0),
+                running: Some(7.0),
+                kv_usage: Some(0.455),
+                hit_rate: Some(0.75),
+                ttft_p50_s: Some(0.175),
+                ttft_p95_s: Some(0.2425),
+                ttft_p99_s: Some(0.2485),
+                itl_p50_s: Some(0.0175),
+                itl_p95_s: Some(0.02425),
+                itl_mean_s: Some(0.02),
+                prompt_tokens_per_s: Some(2000.0),
+                generation_tokens_per_s: Some(480.0),
+                ..s()
+            },
+            ranks: &[],
+        },
+        Case {
+            stem: "triton",
+            engine: Engine::Triton,
+            flavor_contains: "TensorRT-LLM backend",
+            model: Some("tensorrt_llm"),
+            expect: EngineSignals {
+                queue_depth: Some(4.0),
+                running: Some(6.0),
+                kv_usage: Some(0.4875),
+                ttft_p50_s: Some(0.3),
+                ttft_p95_s: Some(0.48),
+                ttft_p99_s: Some(0.496),
+                ..s()
+            },
+            ranks: &[],
+        },
+        Case {
+            stem: "dynamo-frontend",
+            engine: Engine::Dynamo,
+            flavor_contains: "frontend",
+            model: Some("qwen/qwen3-0.6b"),
+            expect: EngineSignals {
+                queue_depth: Some(2.0),
+                running: Some(7.0),
+                ttft_p50_s: Some(0.047 + 0.053 * 12.5 / 20.0),
+                ttft_p95_s: Some(0.19),
+                ttft_p99_s: Some(0.1 + 0.12 * (24.75 - 20.0) / 5.0),
+                itl_p50_s: Some(0.00985),
+                itl_p95_s: Some(0.0067 + 0.0063 * 0.95),
+                itl_mean_s: Some(0.011),
+                prompt_tokens_per_s: Some(2500.0),
+                generation_tokens_per_s: Some(1040.0),
+                ..s()
+            },
+            ranks: &[],
+        },
+        Case {
+            stem: "dynamo-worker",
+            engine: Engine::Dynamo,
+            flavor_contains: "worker (vLLM",
+            model: Some("Qwen/Qwen3-0.6B"),
+            expect: EngineSignals {
+                queue_depth: Some(0.0),
+                running: Some(3.0),
+                kv_usage: Some(0.149),
+                hit_rate: Some(0.8),
+                ttft_p50_s: Some(0.03),
+                ttft_p95_s: Some(0.039),
+                ttft_p99_s: Some(0.0398),
+                prompt_tokens_per_s: Some(200.0),
+                generation_tokens_per_s: Some(100.0),
+                ..s()
+            },
+            ranks: &[("0", Some(3.0), Some(0.8))],
+        },
+    ]
+}
+
+fn close(field: &str, stem: &str, got: Option<f64>, want: Option<f64>) {
+    match (got, want) {
+        (Some(g), Some(w)) => {
+            assert!((g - w).abs() <= 1e-9 * w.abs().max(1.0), "{stem}: {field} is {g}, want {w}")
+        }
+        (g, w) => assert_eq!(g, w, "{stem}: {field} (None means not provided)"),
+    }
+}
+
+fn check(stem: &str, got: &EngineSignals, want: &EngineSignals) {
+    let fields = |s: &EngineSignals| {
+        [
+            ("queue_depth", s.queue_depth),
+            ("running", s.running),
+            ("kv_usage", s.kv_usage),
+            ("hit_rate", s.hit_rate),
+            ("ttft_p50_s", s.ttft_p50_s),
+            ("ttft_p95_s", s.ttft_p95_s),
+            ("ttft_p99_s", s.ttft_p99_s),
+            ("itl_p50_s", s.itl_p50_s),
+            ("itl_p95_s", s.itl_p95_s),
+            ("itl_mean_s", s.itl_mean_s),
+            ("prompt_tokens_per_s", s.prompt_tokens_per_s),
+            ("generation_tokens_per_s", s.generation_tokens_per_s),
+            ("preemptions_per_s", s.preemptions_per_s),
+        ]
+    };
+    for ((field, g), (_, w)) in fields(got).into_iter().zip(fields(want)) {
+        close(field, stem, g, w);
+    }
+}
+
+#[test]
+fn every_engine_fixture_is_detected_and_normalised() {
+    let cases = cases();
+    assert_eq!(cases.len(), 10);
+    for case in cases {
+        let signals = signals_of(
+            &fixture(&format!("{}.1.prom", case.stem)),
+            &fixture(&format!("{}.2.prom", case.stem)),
+        );
+        assert_eq!(signals.engine, case.engine, "{}", case.stem);
+        assert!(signals.flavor.contains(case.flavor_contains), "{}: flavor {:?}", case.stem, signals.flavor);
+        assert_eq!(signals.model.as_deref(), case.model, "{}", case.stem);
+        check(case.stem, &signals.total, &case.expect);
+        assert_eq!(signals.ranks.len(), case.ranks.len(), "{}: ranks {:?}", case.stem, signals.ranks);
+        for ((rank, got), (want_rank, running, hit)) in signals.ranks.iter().zip(case.ranks) {
+            assert_eq!(rank, want_rank, "{}", case.stem);
+            close("rank running", case.stem, got.running, *running);
+            close("rank hit_rate", case.stem, got.hit_rate, *hit);
+        }
+        // The UI contract carries the same values.
+        let api = signals.total.to_api();
+        assert_eq!(
+            (api.queue_depth, api.hit_rate, api.ttft_p95_s),
+            (signals.total.queue_depth, signals.total.hit_rate, signals.total.ttft_p95_s)
+        );
+    }
+}
+
+#[test]
+fn the_engine_names_match_the_probe_contract() {
+    let names: Vec<&str> = [
+        Engine::Vllm,
+        Engine::Sglang,
+        Engine::Tgi,
+        Engine::LlamaCpp,
+        Engine::TrtLlm,
+        Engine::Triton,
+        Engine::Dynamo,
+    ]
+    .into_iter()
+    .map(Engine::name)
+    .collect();
+    assert_eq!(names, ["vllm", "sglang", "tgi", "llamacpp", "trtllm", "triton", "dynamo"]);
+}
+
+#[test]
+fn a_restart_between_scrapes_gives_the_new_counts_not_negative_rates() {
+    // Scrape 2 first, then scrape 1: every counter went backwards, as after a restart.
+    for stem in ["vllm", "sglang", "tgi", "llamacpp", "trtllm", "dynamo-frontend"] {
+        let signals = signals_of(&fixture(&format!("{stem}.2.prom")), &fixture(&format!("{stem}.1.prom")));
+        let t = signals.total;
+        for (field, value) in [
+            ("prompt_tokens_per_s", t.prompt_tokens_per_s),
+            ("generation_tokens_per_s", t.generation_tokens_per_s),
+            ("preemptions_per_s", t.preemptions_per_s),
+            ("hit_rate", t.hit_rate),
+            ("itl_mean_s", t.itl_mean_s),
+        ] {
+            assert!(value.is_none_or(|v| v >= 0.0 && v.is_finite()), "{stem}: {field} = {value:?}");
+        }
+        assert!(
+            t.prompt_tokens_per_s.unwrap() > 0.0,
+            "{stem}: the restarted counter's value is the increase"
+        );
+    }
+    // vLLM after a restart: the window takes scrape 1's counters as the increase.
+    let vllm = signals_of(&fixture("vllm.2.prom"), &fixture("vllm.1.prom")).total;
+    close("hit_rate", "vllm reset", vllm.hit_rate, Some(7000.0 / 15000.0));
+    close("prompt_tokens_per_s", "vllm reset", vllm.prompt_tokens_per_s, Some(29000.0 / 5.0));
+}
+
+#[test]
+fn a_missing_family_is_not_provided_and_the_others_still_are() {
+    let without = |text: &str, family: &str| -> String {
+        text.lines().filter(|l| !l.contains(family)).map(|l| format!("{l}\n")).collect()
+    };
+    let (a, b) = (fixture("vllm.1.prom"), fixture("vllm.2.prom"));
+    let family = "vllm:time_to_first_token_seconds";
+    let signals = signals_of(&without(&a, family), &without(&b, family)).total;
+    assert_eq!((signals.ttft_p50_s, signals.ttft_p95_s, signals.ttft_p99_s), (None, None, None));
+    assert_eq!(signals.running, Some(5.0));
+    close("hit_rate", "vllm without ttft", signals.hit_rate, Some(1750.0 / 3000.0));
+
+    // Without prefix counters, hit rate is "not provided", not zero.
+    let family = "vllm:prefix_cache_";
+    let signals = signals_of(&without(&a, family), &without(&b, family)).total;
+    assert_eq!(signals.hit_rate, None);
+    assert_eq!(signals.kv_usage, Some(0.4));
+
+    // SGLang without its counters falls back to its own hit-rate gauge.
+    let (a, b) = (fixture("sglang.1.prom"), fixture("sglang.2.prom"));
+    let family = "sglang:cached_tokens";
+    let signals = signals_of(&without(&a, family), &without(&b, family)).total;
+    close("hit_rate", "sglang gauge", signals.hit_rate, Some(0.41));
+
+    // A single scrape gives gauges but no rates.
+    let exposition = parse(&fixture("tgi.1.prom")).unwrap();
+    let mut window = Window::new(Duration::from_secs(30));
+    window.push(0.0, &read(&exposition).unwrap());
+    let once = window.signals().unwrap().total;
+    assert_eq!((once.queue_depth, once.prompt_tokens_per_s, once.itl_mean_s), (Some(5.0), None, None));
+}
+
+#[test]
+fn an_unknown_endpoint_is_unsupported_and_lists_its_families() {
+    let text = "# HELP http_requests_total Requests.\n# TYPE http_requests_total counter\n\
+                http_requests_total{code=\"200\"} 10\nhttp_requests_created{code=\"200\"} 1.7e9\n\
+                # TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.5\n# EOF\n";
+    let error = read(&parse(text).unwrap()).unwrap_err();
+    assert_eq!(error.families, ["http_requests_created", "http_requests_total", "process_cpu_seconds_total"]);
+    let message = error.to_string();
+    assert!(message.starts_with("unsupported engine"), "{message}");
+    assert!(message.contains("process_cpu_seconds_total"), "{message}");
+}
+
+#[test]
+fn every_fixture_cites_the_source_of_its_names() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut count = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# Source of names"), "{} does not cite its source", path.display());
+        count += 1;
+    }
+    assert_eq!(count, 20);
+}
