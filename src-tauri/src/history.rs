@@ -117,12 +117,12 @@ fn compare(args: CompareArgs) -> Result<()> {
         std::fs::write(path, comparison.to_csv())
             .with_context(|| format!("cannot write the CSV export to {}", path.display()))?;
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&comparison)?);
+    let report = if args.json {
+        format!("{}\n", serde_json::to_string_pretty(&comparison)?)
     } else {
-        print!("{}", table(&comparison));
-    }
-    Ok(())
+        table(&comparison)
+    };
+    crate::write_stdout(&report)
 }
 
 fn describe(name: &str, w: &WindowSummary) -> String {

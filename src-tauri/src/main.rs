@@ -147,3 +147,13 @@ fn find_display() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Writes a tool's report to stdout in one go; a reader that stops early (`| head`) is not
+/// an error, and never a panic as `println!` would make it.
+fn write_stdout(report: &str) -> Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(report.as_bytes()) {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => Err(error.into()),
+        _ => Ok(()),
+    }
+}

@@ -5,6 +5,7 @@
 //! parser names the offending line). An endpoint whose metrics match no known engine is a
 //! valid answer: engine `unknown` with the metric families seen, exit status 0.
 
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -53,12 +54,15 @@ pub fn run(args: ProbeArgs) -> Result<()> {
         .context("cannot start the async runtime")?;
     let url = scrape::metrics_url(&args.url);
     let found = runtime.block_on(probe(&url, &args))?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&url, args.interval, &found))?);
+    let mut report = if args.json {
+        serde_json::to_string_pretty(&to_json(&url, args.interval, &found))?
     } else {
-        print_table(&url, args.interval, &found);
-    }
-    Ok(())
+        let mut table = String::new();
+        write_table(&mut table, &url, args.interval, &found)?;
+        table
+    };
+    report.push('\n');
+    crate::write_stdout(&report)
 }
 
 async fn probe(url: &str, args: &ProbeArgs) -> Result<Found> {
@@ -145,32 +149,33 @@ fn to_json(url: &str, interval: f64, found: &Found) -> Value {
     Value::Object(object)
 }
 
-fn print_table(url: &str, interval: f64, found: &Found) {
-    println!("endpoint   {url}");
+fn write_table(out: &mut String, url: &str, interval: f64, found: &Found) -> std::fmt::Result {
+    writeln!(out, "endpoint   {url}")?;
     match found {
         Found::Unknown(families) => {
-            println!("engine     unknown: unsupported engine");
-            println!("families   {} seen:", families.len());
+            writeln!(out, "engine     unknown: unsupported engine")?;
+            writeln!(out, "families   {} seen:", families.len())?;
             for family in families {
-                println!("  {family}");
+                writeln!(out, "  {family}")?;
             }
         }
         Found::Engine(signals) => {
-            println!("engine     {} ({})", signals.engine.name(), signals.flavor);
-            println!("model      {}", signals.model.as_deref().unwrap_or("not provided"));
-            println!("window     {interval} s between two scrapes");
-            println!();
-            print_signals(&signals.total);
+            writeln!(out, "engine     {} ({})", signals.engine.name(), signals.flavor)?;
+            writeln!(out, "model      {}", signals.model.as_deref().unwrap_or("not provided"))?;
+            writeln!(out, "window     {interval} s between two scrapes")?;
+            writeln!(out)?;
+            write_signals(out, &signals.total)?;
             for (rank, s) in &signals.ranks {
-                println!();
-                println!("rank {rank}");
-                print_signals(s);
+                writeln!(out)?;
+                writeln!(out, "rank {rank}")?;
+                write_signals(out, s)?;
             }
         }
     }
+    Ok(())
 }
 
-fn print_signals(s: &EngineSignals) {
+fn write_signals(out: &mut String, s: &EngineSignals) -> std::fmt::Result {
     let show = |value: Option<f64>, unit: &str| match value {
         // "Not provided" (or no data in the window) is not zero.
         None => "—  (not provided, or no data in the window)".to_string(),
@@ -194,6 +199,7 @@ fn print_signals(s: &EngineSignals) {
         ("preempt/s", show(s.preemptions_per_s, "")),
     ];
     for (name, value) in rows {
-        println!("  {name:<13} {value}");
+        writeln!(out, "  {name:<13} {value}")?;
     }
+    Ok(())
 }

@@ -51,7 +51,8 @@ pub struct ReplicaRow {
     pub scrape: ScrapeState,
 }
 
-/// Normalised per-replica signals. Rates and quantiles are over the last scrape interval.
+/// Normalised per-replica signals. Rates and quantiles are over the app's signal window (10 s,
+/// or three scrape intervals if that is longer), computed from counter and bucket deltas.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Signals {
     /// Requests waiting for admission.
@@ -60,9 +61,9 @@ pub struct Signals {
     pub running: Option<f64>,
     /// KV-cache usage, 0..=1.
     pub kv_usage: Option<f64>,
-    /// Prefix-cache hits / queries (tokens) between the last two scrapes.
+    /// Prefix-cache hits / queries (tokens) over the window.
     pub hit_rate: Option<f64>,
-    /// TTFT median over the requests that finished prefill between the last two scrapes.
+    /// TTFT median over the requests that produced their first token in the window.
     pub ttft_p50_s: Option<f64>,
     /// TTFT 95th percentile, same window.
     pub ttft_p95_s: Option<f64>,
