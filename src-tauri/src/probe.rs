@@ -91,24 +91,6 @@ fn explain(error: ScrapeError) -> anyhow::Error {
     anyhow::Error::new(error).context("the probe could not read the endpoint")
 }
 
-fn signal_fields(s: &EngineSignals) -> [(&'static str, Option<f64>); 13] {
-    [
-        ("queue_depth", s.queue_depth),
-        ("running", s.running),
-        ("kv_usage", s.kv_usage),
-        ("hit_rate", s.hit_rate),
-        ("ttft_p50_s", s.ttft_p50_s),
-        ("ttft_p95_s", s.ttft_p95_s),
-        ("ttft_p99_s", s.ttft_p99_s),
-        ("itl_p50_s", s.itl_p50_s),
-        ("itl_p95_s", s.itl_p95_s),
-        ("itl_mean_s", s.itl_mean_s),
-        ("prompt_tokens_per_s", s.prompt_tokens_per_s),
-        ("generation_tokens_per_s", s.generation_tokens_per_s),
-        ("preemptions_per_s", s.preemptions_per_s),
-    ]
-}
-
 fn to_json(url: &str, interval: f64, found: &Found) -> Value {
     let mut object = serde_json::Map::new();
     object.insert("url".into(), json!(url));
@@ -118,7 +100,7 @@ fn to_json(url: &str, interval: f64, found: &Found) -> Value {
             object.insert("engine".into(), json!(signals.engine.name()));
             object.insert("flavor".into(), json!(signals.flavor));
             object.insert("model".into(), json!(signals.model));
-            for (name, value) in signal_fields(&signals.total) {
+            for (name, value) in signals.total.fields() {
                 object.insert(name.into(), json!(value));
             }
             let ranks: Vec<Value> = signals
@@ -127,7 +109,7 @@ fn to_json(url: &str, interval: f64, found: &Found) -> Value {
                 .map(|(rank, s)| {
                     let mut r = serde_json::Map::new();
                     r.insert("rank".into(), json!(rank));
-                    for (name, value) in signal_fields(s) {
+                    for (name, value) in s.fields() {
                         r.insert(name.into(), json!(value));
                     }
                     Value::Object(r)
@@ -139,7 +121,7 @@ fn to_json(url: &str, interval: f64, found: &Found) -> Value {
             object.insert("engine".into(), json!("unknown"));
             object.insert("flavor".into(), Value::Null);
             object.insert("model".into(), Value::Null);
-            for (name, value) in signal_fields(&EngineSignals::default()) {
+            for (name, value) in EngineSignals::default().fields() {
                 object.insert(name.into(), json!(value));
             }
             object.insert("ranks".into(), json!([]));

@@ -81,6 +81,27 @@ pub struct EngineSignals {
 }
 
 impl EngineSignals {
+    /// Every signal with its stable snake_case name, for reports and comparisons.
+    pub fn fields(&self) -> [(&'static str, Option<f64>); 13] {
+        [
+            ("queue_depth", self.queue_depth),
+            ("running", self.running),
+            ("kv_usage", self.kv_usage),
+            ("hit_rate", self.hit_rate),
+            ("ttft_p50_s", self.ttft_p50_s),
+            ("ttft_p95_s", self.ttft_p95_s),
+            ("ttft_p99_s", self.ttft_p99_s),
+            ("itl_p50_s", self.itl_p50_s),
+            ("itl_p95_s", self.itl_p95_s),
+            ("itl_mean_s", self.itl_mean_s),
+            ("prompt_tokens_per_s", self.prompt_tokens_per_s),
+            ("generation_tokens_per_s", self.generation_tokens_per_s),
+            ("preemptions_per_s", self.preemptions_per_s),
+        ]
+    }
+}
+
+impl EngineSignals {
     /// The subset the UI contract carries.
     pub fn to_api(&self) -> fleetdeck_api::Signals {
         fleetdeck_api::Signals {

@@ -258,24 +258,7 @@ fn close(field: &str, stem: &str, got: Option<f64>, want: Option<f64>) {
 }
 
 fn check(stem: &str, got: &EngineSignals, want: &EngineSignals) {
-    let fields = |s: &EngineSignals| {
-        [
-            ("queue_depth", s.queue_depth),
-            ("running", s.running),
-            ("kv_usage", s.kv_usage),
-            ("hit_rate", s.hit_rate),
-            ("ttft_p50_s", s.ttft_p50_s),
-            ("ttft_p95_s", s.ttft_p95_s),
-            ("ttft_p99_s", s.ttft_p99_s),
-            ("itl_p50_s", s.itl_p50_s),
-            ("itl_p95_s", s.itl_p95_s),
-            ("itl_mean_s", s.itl_mean_s),
-            ("prompt_tokens_per_s", s.prompt_tokens_per_s),
-            ("generation_tokens_per_s", s.generation_tokens_per_s),
-            ("preemptions_per_s", s.preemptions_per_s),
-        ]
-    };
-    for ((field, g), (_, w)) in fields(got).into_iter().zip(fields(want)) {
+    for ((field, g), (_, w)) in got.fields().into_iter().zip(want.fields()) {
         close(field, stem, g, w);
     }
 }
