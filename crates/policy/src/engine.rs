@@ -5,6 +5,7 @@
 //! - `round_robin` advances its turn to the replica named in `on_routed`;
 //! - `cache_aware_approx` (and `weighted_scorers` with `prefix_source: routed`) inserts the routed
 //!   prompt's blocks into the approximate index for that replica;
+//! - `kv_precise` counts the prompt's blocks as pending on that replica until its prefill ends;
 //! - every policy counts the request as outstanding on that replica until `on_completed`.
 //!
 //! [`Engine::route`] is `pick` followed by `on_routed` for callers that want both under one lock.
@@ -14,7 +15,7 @@ mod load_based;
 mod ring;
 pub(crate) use ring::chwbl_bound;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -103,6 +104,8 @@ struct ActiveRequest {
     prompt_blocks: u64,
     in_decode: bool,
     routed_at_ms: u64,
+    /// Prompt blocks counted as pending on the replica until the prefill ends (`kv_precise` only).
+    pending_blocks: Vec<u64>,
 }
 
 /// The routing-policy engine. See the module docs for the state rules.
@@ -117,6 +120,11 @@ pub struct Engine {
     routed_index: PrefixIndex,
     /// Fed by KV events, one per medium.
     kv_indexes: [PrefixIndex; 3],
+    /// Blocks of requests routed under `kv_precise` whose prefill has not ended, by replica slot: the
+    /// replica will hold them before a request routed now is prefilled, but no KV event says so yet.
+    pending_index: PrefixIndex,
+    /// How many in-prefill requests hold each (slot, block) of `pending_index`.
+    pending_counts: HashMap<(u32, u64), u32>,
     requests: BTreeMap<RequestId, ActiveRequest>,
     last_routed_slot: Option<u32>,
     /// Consistent-hash ring: sorted (point, slot).
@@ -134,6 +142,8 @@ impl Engine {
             slot_of: BTreeMap::new(),
             routed_index: PrefixIndex::new(DEFAULT_ROUTED_BLOCKS_PER_REPLICA),
             kv_indexes: std::array::from_fn(|_| PrefixIndex::new(DEFAULT_KV_BLOCKS_PER_REPLICA)),
+            pending_index: PrefixIndex::new(DEFAULT_ROUTED_BLOCKS_PER_REPLICA),
+            pending_counts: HashMap::new(),
             requests: BTreeMap::new(),
             last_routed_slot: None,
             ring: Vec::new(),
@@ -271,6 +281,8 @@ impl Engine {
         for index in &mut self.kv_indexes {
             index.clear_location(slot);
         }
+        self.pending_index.clear_location(slot);
+        self.pending_counts.retain(|(pending_slot, _), _| *pending_slot != slot);
         // `last_routed_slot` may still name the freed slot: round robin simply continues after it.
         self.rebuild_ring();
         true
@@ -322,6 +334,7 @@ impl Engine {
         let cached = cached_index.match_location(slot, &view.block_hashes) as u64;
         let prompt_blocks = view.block_hashes.len() as u64;
         let prefill_blocks = prompt_blocks.saturating_sub(cached);
+        let tracks_pending = matches!(self.policy, ResolvedPolicy::KvPrecise(_));
         let (slot, state) = self.state_mut(replica)?;
         state.outstanding += 1;
         state.prefill_tokens += u64::from(view.prompt_tokens);
@@ -335,8 +348,12 @@ impl Engine {
                 prompt_blocks,
                 in_decode: false,
                 routed_at_ms: now_ms,
+                pending_blocks: if tracks_pending { view.block_hashes.clone() } else { Vec::new() },
             },
         );
+        if tracks_pending {
+            self.add_pending(slot, &view.block_hashes);
+        }
         if learns {
             self.routed_index.insert(slot, &view.block_hashes);
         }
@@ -351,7 +368,9 @@ impl Engine {
             return Ok(());
         }
         active.in_decode = true;
+        let pending = std::mem::take(&mut active.pending_blocks);
         let active = active.clone();
+        self.release_pending(active.replica, &pending);
         if let Ok((_, state)) = self.state_mut(active.replica) {
             state.prefill_tokens = state.prefill_tokens.saturating_sub(active.prompt_tokens);
             state.active_prefill_blocks = state.active_prefill_blocks.saturating_sub(active.prefill_blocks);
@@ -367,7 +386,44 @@ impl Engine {
         Ok(())
     }
 
+    fn add_pending(&mut self, slot: u32, blocks: &[u64]) {
+        let mut new = Vec::new();
+        for &block in blocks {
+            let count = self.pending_counts.entry((slot, block)).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                new.push(block);
+            }
+        }
+        if !new.is_empty() {
+            self.pending_index.insert(slot, &new);
+        }
+    }
+
+    fn release_pending(&mut self, replica: ReplicaId, blocks: &[u64]) {
+        let Some(&slot) = self.slot_of.get(&replica) else { return };
+        let mut gone = Vec::new();
+        for &block in blocks {
+            if let Some(count) = self.pending_counts.get_mut(&(slot, block)) {
+                *count -= 1;
+                if *count == 0 {
+                    self.pending_counts.remove(&(slot, block));
+                    gone.push(block);
+                }
+            }
+        }
+        if !gone.is_empty() {
+            self.pending_index.remove(slot, &gone);
+        }
+    }
+
+    /// Blocks counted as pending (routed under `kv_precise`, prefill not ended) on each replica slot.
+    pub fn pending_index(&self) -> &PrefixIndex {
+        &self.pending_index
+    }
+
     fn release(&mut self, active: &ActiveRequest) {
+        self.release_pending(active.replica, &active.pending_blocks);
         // A request outliving its replica just disappears with it.
         if let Ok((_, state)) = self.state_mut(active.replica) {
             state.outstanding = state.outstanding.saturating_sub(1);
@@ -591,6 +647,25 @@ mod tests {
         let status = engine.replica_status(ReplicaId(1)).expect("known");
         assert_eq!((status.outstanding, status.active_decode_blocks), (0, 0));
         assert_eq!(engine.on_completed(7, 9), Err(ObserveError::UnknownRequest(7)));
+    }
+
+    #[test]
+    fn kv_precise_counts_prompt_blocks_as_pending_until_the_prefill_ends() {
+        let mut engine = Engine::new(PolicySpec::named("kv_precise"), &ids(2)).expect("valid");
+        let view = RequestView { block_hashes: vec![1, 2, 3], prompt_tokens: 48, session_key: None };
+        engine.on_routed(1, ReplicaId(1), &view, 0).expect("routed");
+        engine.on_routed(2, ReplicaId(1), &view, 0).expect("routed");
+        assert_eq!(engine.pending_index().match_location(1, &[1, 2, 3]), 3);
+        assert_eq!(engine.pending_index().match_location(0, &[1, 2, 3]), 0);
+        engine.on_first_token(1, 1).expect("first token");
+        assert_eq!(engine.pending_index().match_location(1, &[1, 2, 3]), 3, "request 2 is still in prefill");
+        engine.on_completed(2, 2).expect("completed");
+        assert_eq!(engine.pending_index().distinct_blocks(), 0);
+        engine.on_completed(1, 3).expect("completed");
+        // Other policies do not track pending blocks.
+        let mut engine = Engine::new(PolicySpec::named("least_load"), &ids(2)).expect("valid");
+        engine.on_routed(1, ReplicaId(1), &view, 0).expect("routed");
+        assert_eq!(engine.pending_index().distinct_blocks(), 0);
     }
 
     #[test]

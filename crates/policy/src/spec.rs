@@ -139,6 +139,7 @@ impl PolicySpec {
             }),
             "kv_precise" => ResolvedPolicy::KvPrecise(KvPreciseParams {
                 prefill_weight: values.float("prefill_weight"),
+                overlap_weight: values.float("overlap_weight"),
                 decode_weight: values.float("decode_weight"),
                 temperature: values.float("temperature"),
                 max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
@@ -595,10 +596,18 @@ pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
                     "Cost weight of blocks to prefill (uncached prompt + active prefill).",
                 ),
                 float(
+                    "overlap_weight",
+                    0.0,
+                    1000.0,
+                    4.0,
+                    "Extra weight of the request's own uncached blocks (Dynamo's overlap score weight): above 1 \
+                     favours replicas holding the prefix over less loaded ones.",
+                ),
+                float(
                     "decode_weight",
                     0.0,
                     1000.0,
-                    1.0,
+                    0.1,
                     "Cost weight of the replica's active decode blocks.",
                 ),
                 float(
@@ -850,6 +859,8 @@ pub struct CacheAwareParams {
 pub struct KvPreciseParams {
     /// Weight of prefill blocks.
     pub prefill_weight: f64,
+    /// Extra weight of the request's own uncached blocks.
+    pub overlap_weight: f64,
     /// Weight of decode blocks.
     pub decode_weight: f64,
     /// Softmax temperature (0 = argmin).

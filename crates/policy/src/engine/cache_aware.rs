@@ -52,7 +52,8 @@ fn fill_matches(pick: &mut PickInProgress, index: &PrefixIndex, view: &RequestVi
     };
     index.match_prefix_into(&view.block_hashes, matched);
     for (candidate, slot) in pick.candidates.iter_mut().zip(&pick.slots) {
-        candidate.matched_blocks = Some(matched.get(*slot as usize).copied().unwrap_or(0));
+        let found = matched.get(*slot as usize).copied().unwrap_or(0);
+        candidate.matched_blocks = Some(candidate.matched_blocks.map_or(found, |before| before.max(found)));
     }
 }
 
@@ -185,11 +186,13 @@ struct CostExplanation<'a> {
 
 impl fmt::Display for CostExplanation<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cost {} = {} x (", Fixed(self.cost, 1), Num(self.params.prefill_weight))?;
+        if self.params.overlap_weight != 1.0 {
+            write!(f, "{} x ", Num(self.params.overlap_weight))?;
+        }
         write!(
             f,
-            "cost {} = {} x ({} uncached + {} active prefill blocks) + {} x {} active decode blocks",
-            Fixed(self.cost, 1),
-            Num(self.params.prefill_weight),
+            "{} uncached + {} active prefill blocks) + {} x {} active decode blocks",
             Num(self.uncached),
             self.active_prefill_blocks,
             Num(self.params.decode_weight),
@@ -207,24 +210,38 @@ pub(super) fn precise<R: RngCore + ?Sized>(
 ) {
     let prompt_blocks = view.block_hashes.len() as f64;
     fill_matches(pick, &engine.kv_indexes[Medium::Gpu.index()], view);
+    // Blocks of requests routed to a replica and still in prefill will be cached there before this
+    // request is prefilled, though no KV event says so yet: without this, a burst of requests sharing a
+    // new prefix would scatter it over every replica before the first BlockStored arrives.
+    if engine.pending_index.distinct_blocks() > 0 {
+        fill_matches(pick, &engine.pending_index, view);
+    }
     // Every candidate's cost and how many healthy replicas are silent (no KV events yet); then the cheapest
-    // healthy candidate (first in engine order on ties, as `argmin_by` picks), found once for every branch.
+    // healthy candidate, found once for every branch. Ties (common when replicas are idle and nothing
+    // matches) go to the replica with fewer outstanding requests, then fewer cached blocks, then engine
+    // order: always taking the first would pile every new prefix onto one replica and evict it early.
     let mut silent = 0usize;
-    let mut cheapest: Option<(usize, f64)> = None;
+    let mut cheapest: Option<(usize, (f64, u64, usize))> = None;
     for (candidate, slot) in pick.candidates.iter_mut().zip(&pick.slots) {
         let Some(state) = engine.slots[*slot as usize].as_ref() else { continue };
         let uncached = prompt_blocks - f64::from(candidate.matched_blocks.unwrap_or(0));
-        let cost = params.prefill_weight * (uncached + state.active_prefill_blocks as f64)
+        let cost = params.prefill_weight
+            * (params.overlap_weight * uncached + state.active_prefill_blocks as f64)
             + params.decode_weight * state.active_decode_blocks as f64;
         candidate.cost = Some(cost);
         if state.healthy {
             silent += usize::from(state.kv_events == 0);
         }
     }
+    let gpu_index = &engine.kv_indexes[Medium::Gpu.index()];
     for &position in &pick.healthy {
-        let cost = pick.candidates[position].cost.unwrap_or(f64::INFINITY);
-        if cheapest.is_none_or(|(_, best)| cost < best) {
-            cheapest = Some((position, cost));
+        let key = (
+            pick.candidates[position].cost.unwrap_or(f64::INFINITY),
+            pick.candidates[position].outstanding,
+            gpu_index.blocks_at(pick.slots[position]),
+        );
+        if cheapest.is_none_or(|(_, best)| key.partial_cmp(&best) == Some(std::cmp::Ordering::Less)) {
+            cheapest = Some((position, key));
         }
     }
     let cheapest = cheapest.map_or(pick.healthy[0], |(position, _)| position);

@@ -24,6 +24,9 @@ struct Case {
     /// Texts the router already sent to a replica (feeds the approximate index via on_routed).
     #[serde(default)]
     routed: BTreeMap<u32, Vec<String>>,
+    /// Texts routed to a replica whose prefill has not ended (on_routed without first token).
+    #[serde(default)]
+    prefilling: BTreeMap<u32, Vec<String>>,
     /// Texts a replica reported as stored through KV events.
     #[serde(default)]
     kv_stored: BTreeMap<u32, Vec<String>>,
@@ -58,6 +61,12 @@ fn run(case: &Case) -> fleet_policy::Decision {
         for text in texts {
             engine.on_routed(next_request, ReplicaId(*replica), &view_of(text), 0).expect("known");
             engine.on_completed(next_request, 0).expect("outstanding");
+            next_request += 1;
+        }
+    }
+    for (replica, texts) in &case.prefilling {
+        for text in texts {
+            engine.on_routed(next_request, ReplicaId(*replica), &view_of(text), 0).expect("known");
             next_request += 1;
         }
     }
