@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 pub struct LoadConfig {
     /// Base URL of the OpenAI endpoint to drive (a router or a replica).
     pub target: String,
+    /// The `model` each request names (None: the field is left out).
+    pub model: Option<String>,
     /// Mean requests per second.
     pub rps: f64,
     /// Distinct tenants; tenant `i` is chosen with weight `1 / (i + 1)` (Zipf, s = 1).
@@ -40,6 +42,7 @@ impl Default for LoadConfig {
     fn default() -> Self {
         Self {
             target: "http://127.0.0.1:8000".into(),
+            model: Some(crate::DEFAULT_MODEL.to_owned()),
             rps: 8.0,
             tenants: 6,
             system_prompt_bytes: 6000,
@@ -103,14 +106,19 @@ pub async fn run(
             continue;
         };
         let tenant = pick_tenant(&mut rng, tenants);
-        let body = json!({
+        let mut body = json!({
             "messages": [
                 {"role": "system", "content": prompts[tenant]},
                 {"role": "user", "content": format!("Question {} from tenant {tenant}", rng.random::<u32>())},
             ],
             "max_tokens": config.max_tokens,
             "stream": true,
+            // The final usage chunk carries cached tokens: what routers record as achieved hits.
+            "stream_options": {"include_usage": true},
         });
+        if let Some(model) = &config.model {
+            body["model"] = json!(model);
+        }
         let request = client.post(&url).json(&body).timeout(config.request_timeout);
         let stats = stats.clone();
         let cancel = cancel.clone();

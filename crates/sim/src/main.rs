@@ -1,14 +1,15 @@
 //! The `fleet-sim` command: serve emulated replicas, or drive an endpoint with traffic.
 
+mod cli_replay;
+mod cli_serve;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 use fleet_sim::load::{self, LoadConfig, LoadStats};
-use fleet_sim::{DEFAULT_MODEL, Fleet, ModelConfig};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -25,26 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve N emulated replicas on consecutive ports of 127.0.0.1.
-    Serve {
-        /// How many replicas.
-        #[arg(long, default_value_t = 4)]
-        replicas: u16,
-        /// Port of the first replica; replica i listens on base-port + i (0 picks free ports).
-        #[arg(long, default_value_t = 8100)]
-        base_port: u16,
-        /// Address to bind. Loopback by default; anything else exposes the emulator.
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// Served model name (what /v1/models and the metrics' model_name label say).
-        #[arg(long, default_value = DEFAULT_MODEL)]
-        model: String,
-        /// KV capacity of each replica, in 16-token blocks.
-        #[arg(long, default_value_t = ModelConfig::default().capacity_blocks)]
-        capacity_blocks: usize,
-        /// Concurrent sequences per replica (vLLM's max_num_seqs).
-        #[arg(long, default_value_t = ModelConfig::default().max_num_seqs)]
-        max_num_seqs: usize,
-    },
+    Serve(cli_serve::ServeArgs),
     /// Send steady streaming chat traffic to an OpenAI endpoint (a router or a replica).
     Load {
         /// Base URL of the endpoint, e.g. http://127.0.0.1:8080.
@@ -61,7 +43,16 @@ enum Command {
         tenants: usize,
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// The `model` every request names; "" leaves the field out.
+        #[arg(long, default_value = fleet_sim::DEFAULT_MODEL)]
+        model: String,
     },
+    /// Replay a trace through emulated replicas under one routing policy (what-if).
+    Replay(cli_replay::ReplayArgs),
+    /// Replay a trace under several policies in parallel and compare them.
+    Compare(cli_replay::CompareArgs),
+    /// Generate a seeded workload trace (Mooncake JSON Lines).
+    Gen(cli_replay::GenArgs),
 }
 
 #[tokio::main]
@@ -74,32 +65,11 @@ async fn main() -> Result<()> {
         on_signal.cancel();
     });
     match Cli::parse().command {
-        Command::Serve { replicas, base_port, host, model, capacity_blocks, max_num_seqs } => {
-            anyhow::ensure!(replicas > 0, "--replicas must be at least 1");
-            let mut listeners = Vec::new();
-            for i in 0..replicas {
-                let port = if base_port == 0 {
-                    0
-                } else {
-                    base_port.checked_add(i).context("--base-port + --replicas runs past port 65535")?
-                };
-                let addr = format!("{host}:{port}");
-                listeners.push(
-                    TcpListener::bind(&addr)
-                        .await
-                        .with_context(|| format!("cannot listen on {addr}; pick another --base-port"))?,
-                );
-            }
-            let config = ModelConfig { capacity_blocks, max_num_seqs, ..ModelConfig::default() };
-            let fleet = Fleet::spawn(listeners, &model, &config, &cancel)?;
-            for (i, url) in fleet.urls.iter().enumerate() {
-                println!("replica {i} serving {model} at {url}");
-            }
-            fleet.join().await?;
-        }
-        Command::Load { target, rps, duration, tenants, seed } => {
+        Command::Serve(args) => cli_serve::run(args, cancel).await?,
+        Command::Load { target, rps, duration, tenants, seed, model } => {
             anyhow::ensure!(rps > 0.0 && rps.is_finite(), "--rps must be a positive number, got {rps}");
-            let config = LoadConfig { target, rps, tenants, seed, ..LoadConfig::default() };
+            let model = (!model.is_empty()).then_some(model);
+            let config = LoadConfig { target, rps, tenants, seed, model, ..LoadConfig::default() };
             let stats = Arc::new(LoadStats::default());
             if let Some(seconds) = duration {
                 let stop = cancel.clone();
@@ -118,6 +88,9 @@ async fn main() -> Result<()> {
                 stats.dropped.load(Ordering::Relaxed)
             );
         }
+        Command::Replay(args) => cli_replay::run_replay(args)?,
+        Command::Compare(args) => cli_replay::run_compare(args)?,
+        Command::Gen(args) => cli_replay::run_gen(args)?,
     }
     Ok(())
 }

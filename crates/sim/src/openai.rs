@@ -267,6 +267,45 @@ impl ResponseMeta {
     }
 }
 
+/// The emulated output text: deterministic words seeded by the prompt, so the same request always
+/// produces the same completion (streamed or not) and tests can compare them. Token `i` is word `i`
+/// (with a leading space after the first).
+#[derive(Debug, Clone)]
+pub struct OutputWords {
+    state: u64,
+    first: bool,
+}
+
+impl OutputWords {
+    const WORDS: [&'static str; 16] = [
+        "the", "cache", "routes", "tokens", "fleet", "prefix", "replica", "warm", "queue", "batch", "block",
+        "latency", "decode", "prefill", "load", "hit",
+    ];
+
+    pub fn new(prompt: &str) -> Self {
+        // FNV-1a of the prompt; never zero, which xorshift needs.
+        let mut state = 0xcbf2_9ce4_8422_2325_u64;
+        for &b in prompt.as_bytes() {
+            state ^= u64::from(b);
+            state = state.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Self { state: state | 1, first: true }
+    }
+}
+
+impl Iterator for OutputWords {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        let word = Self::WORDS[(self.state % Self::WORDS.len() as u64) as usize];
+        let first = std::mem::replace(&mut self.first, false);
+        Some(if first { word.to_string() } else { format!(" {word}") })
+    }
+}
+
 /// One server-sent event carrying `payload`.
 pub fn sse_event(payload: &Value) -> String {
     format!("data: {payload}\n\n")
@@ -310,6 +349,14 @@ mod tests {
         assert_eq!(err.param, Some("messages"));
         assert!(parse(Api::Chat, b"not json").is_err());
         assert_eq!(parse(Api::Completions, br#"{"prompt":[1,2]}"#).unwrap_err().param, Some("prompt"));
+    }
+
+    #[test]
+    fn output_is_deterministic_per_prompt() {
+        let a: Vec<String> = OutputWords::new("hello").take(5).collect();
+        assert_eq!(a, OutputWords::new("hello").take(5).collect::<Vec<_>>());
+        assert_ne!(a, OutputWords::new("world").take(5).collect::<Vec<_>>());
+        assert!(!a[0].starts_with(' ') && a[1].starts_with(' '));
     }
 
     #[test]

@@ -1,100 +1,56 @@
-//! HTTP face of an emulated replica: vLLM's OpenAI routes, `/health` and `/metrics`.
+//! HTTP face of an emulated replica: vLLM's OpenAI routes, `/health`, `/metrics`, with faults.
 //!
-//! The model ([`crate::model`]) decides; this module waits out the computed durations on
-//! the tokio clock and streams tokens. Each replica is its own server on its own listener,
-//! as each vLLM instance is.
+//! Handlers parse, tokenise and hand the request to the replica's engine driver
+//! ([`crate::driver`]), then turn the engine's token events into OpenAI responses (SSE or one
+//! JSON body). Each replica is its own server on its own listener, as each vLLM instance is.
+//! Faults ([`crate::faults`]) are read from an arc-swapped snapshot on every request; `down`
+//! also closes the listening socket (connections are refused) until the replica is up again.
 
-use std::convert::Infallible;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::exposition::{ReplicaMetrics, render_vllm};
-use crate::model::{self, Admission, ModelConfig, PrefixCache};
-use crate::openai::{self, Api, GenerationRequest, ResponseMeta, SSE_DONE, Usage};
+use crate::driver::{DriverHandle, RequestStream, StreamEvent, SubmitError};
+use crate::engine::{AddError, FinishReason, tokenize};
+use crate::exposition::{self, ExpositionInfo};
+use crate::faults::FaultSwitch;
+use crate::openai::{self, Api, GenerationRequest, OutputWords, ResponseMeta, SSE_DONE, Usage};
 
 /// Largest request body a replica accepts (vLLM itself has no small limit; this keeps the
 /// emulator safe from runaway clients).
 const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
-/// One emulated replica: its model state and counters.
+/// One emulated replica: its engine driver, faults and identity.
 #[derive(Debug)]
 pub struct Replica {
-    model_name: String,
-    config: ModelConfig,
-    slots: Arc<Semaphore>,
-    state: Mutex<ReplicaState>,
-}
-
-#[derive(Debug)]
-struct ReplicaState {
-    cache: PrefixCache,
-    metrics: ReplicaMetrics,
-    held_blocks: usize,
-    next_request_id: u64,
+    pub index: usize,
+    pub info: ExpositionInfo,
+    pub max_model_len: u32,
+    pub driver: Arc<DriverHandle>,
+    pub faults: FaultSwitch,
 }
 
 impl Replica {
-    pub fn new(model_name: impl Into<String>, config: ModelConfig) -> Arc<Self> {
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
-        Arc::new(Self {
-            model_name: model_name.into(),
-            slots: Arc::new(Semaphore::new(config.max_num_seqs)),
-            state: Mutex::new(ReplicaState {
-                cache: PrefixCache::new(config.capacity_blocks),
-                metrics: ReplicaMetrics::new(created),
-                held_blocks: 0,
-                next_request_id: 0,
-            }),
-            config,
-        })
-    }
-
     pub fn model_name(&self) -> &str {
-        &self.model_name
+        &self.info.model_name
     }
 
-    fn state(&self) -> MutexGuard<'_, ReplicaState> {
-        // A panic while holding the lock cannot leave the counters half-updated in a way
-        // worth refusing service for, so a poisoned lock is simply taken over.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// A copy of the current counters (what `/metrics` renders).
-    pub fn metrics(&self) -> ReplicaMetrics {
-        self.state().metrics.clone()
-    }
-
-    fn kv_usage(&self, held_blocks: usize) -> f64 {
-        (held_blocks as f64 / self.config.capacity_blocks.max(1) as f64).min(1.0)
-    }
-}
-
-/// A request's batch slot: keeps the running/KV gauges true however the request ends
-/// (finished, client gone, error) and frees the slot on drop.
-struct RunningGuard {
-    replica: Arc<Replica>,
-    held_blocks: usize,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl Drop for RunningGuard {
-    fn drop(&mut self) {
-        let mut state = self.replica.state();
-        state.metrics.running -= 1;
-        state.held_blocks -= self.held_blocks;
-        state.metrics.kv_usage = self.replica.kv_usage(state.held_blocks);
+    /// The `/metrics` text the replica serves now (ignoring faults).
+    pub fn render_metrics(&self) -> String {
+        exposition::render(&self.driver.metrics(), &self.info)
     }
 }
 
@@ -104,6 +60,7 @@ pub async fn serve(
     replica: Arc<Replica>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let listener = DownableListener::new(listener, replica.faults.watch_down())?;
     axum::serve(listener, router(replica)).with_graceful_shutdown(shutdown).await
 }
 
@@ -113,22 +70,74 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/version", get(|| async { Json(json!({"version": "0.12.0"})) }))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .layer(middleware::from_fn_with_state(replica.clone(), fault_gate))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(replica)
 }
 
+/// Applies the faults every route shares: added latency first, then `down` (503 on connections
+/// that were open before the port closed).
+async fn fault_gate(State(replica): State<Arc<Replica>>, request: Request, next: Next) -> Response {
+    let faults = replica.faults.get();
+    if faults.added_latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(faults.added_latency_ms)).await;
+    }
+    if replica.faults.get().down {
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            "replica is down (injected fault)",
+        );
+    }
+    next.run(request).await
+}
+
+fn error_response(status: StatusCode, kind: &str, message: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}});
+    (status, Json(body)).into_response()
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
 async fn metrics(State(replica): State<Arc<Replica>>) -> Response {
-    let text = render_vllm(&replica.metrics(), &replica.model_name);
+    let text = if replica.faults.get().malformed_metrics {
+        exposition::render_malformed(&replica.info)
+    } else {
+        replica.render_metrics()
+    };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
 async fn models(State(replica): State<Arc<Replica>>) -> Json<serde_json::Value> {
+    let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let model = replica.model_name();
     Json(json!({
         "object": "list",
-        "data": [{"id": replica.model_name, "object": "model", "created": 0, "owned_by": "fleet-sim", "max_model_len": 32768}],
+        "data": [{
+            "id": model, "object": "model", "created": created, "owned_by": "vllm", "root": model,
+            "parent": null, "max_model_len": replica.max_model_len,
+        }],
     }))
+}
+
+async fn reset_prefix_cache(State(replica): State<Arc<Replica>>) -> Response {
+    match replica.driver.reset_prefix_cache().await {
+        Ok(true) => StatusCode::OK.into_response(),
+        Ok(false) => {
+            error_response(StatusCode::CONFLICT, "ConflictError", "requests hold KV blocks; retry when idle")
+        }
+        Err(_) => error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            "replica is shutting down",
+        ),
+    }
 }
 
 async fn completions(State(replica): State<Arc<Replica>>, body: Bytes) -> Response {
@@ -144,135 +153,263 @@ async fn generate(replica: Arc<Replica>, api: Api, body: &[u8]) -> Response {
         Ok(request) => request,
         Err(invalid) => return (StatusCode::BAD_REQUEST, Json(invalid.body())).into_response(),
     };
-    if let Some(model) = request.model.as_deref().filter(|m| *m != replica.model_name) {
-        let body = json!({"error": {
-            "message": format!("The model `{model}` does not exist. This replica serves `{}`.", replica.model_name),
-            "type": "NotFoundError", "param": "model", "code": 404,
-        }});
-        return (StatusCode::NOT_FOUND, Json(body)).into_response();
+    if let Some(model) = request.model.as_deref().filter(|m| *m != replica.model_name()) {
+        let message =
+            format!("The model `{model}` does not exist. This replica serves `{}`.", replica.model_name());
+        return error_response(StatusCode::NOT_FOUND, "NotFoundError", &message);
     }
-    let arrival = Instant::now();
-    let Some((admission, request_id, guard)) = admit(&replica, &request).await else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "replica is shutting down").into_response();
+    let faults = replica.faults.get();
+    if replica.faults.roll(faults.error_rate) {
+        return error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            "injected fault: engine error",
+        );
+    }
+    let block_tokens = replica.driver.config().block_tokens;
+    let prompt = tokenize::prompt_of_text(&request.prompt, block_tokens);
+    let max_tokens = u32::try_from(request.max_tokens).unwrap_or(u32::MAX);
+    let requested = u64::from(prompt.tokens) + u64::from(max_tokens);
+    if requested > u64::from(replica.max_model_len) {
+        let message = format!(
+            "This model's maximum context length is {} tokens. However, you requested {requested} tokens \
+             ({} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
+            replica.max_model_len, prompt.tokens
+        );
+        return (StatusCode::BAD_REQUEST, Json(openai_error(&message, "max_tokens"))).into_response();
+    }
+    let stream = match replica.driver.submit(prompt, max_tokens).await {
+        Ok(stream) => stream,
+        Err(SubmitError::Engine(error @ AddError::TooLarge { .. })) => {
+            return (StatusCode::BAD_REQUEST, Json(openai_error(&error.to_string(), "max_tokens")))
+                .into_response();
+        }
+        Err(error) => {
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailableError",
+                &error.to_string(),
+            );
+        }
     };
     let meta = ResponseMeta {
-        id: format!("cmpl-{request_id}"),
+        id: format!("cmpl-{}-{}", replica.index, stream.id),
         created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        model: replica.model_name.clone(),
+        model: replica.model_name().to_string(),
         api,
     };
-    let run = Run { replica, request, admission, meta, arrival, _guard: guard };
+    let run = Run {
+        words: OutputWords::new(&request.prompt),
+        request,
+        meta,
+        stream,
+        stall: Duration::from_millis(faults.stall_ms),
+        drop_mid_stream: replica.faults.roll(faults.drop_mid_stream_rate),
+    };
     if run.request.stream {
-        let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(32);
+        let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
         tokio::spawn(run.stream(tx));
         Response::builder()
-            .header(header::CONTENT_TYPE, "text/event-stream")
+            .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
             .header(header::CACHE_CONTROL, "no-cache")
             .body(Body::from_stream(ReceiverStream::new(rx)))
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
     } else {
-        Json(run.complete().await).into_response()
+        run.complete().await
     }
 }
 
-/// Waits for a batch slot (counted as waiting meanwhile), then admits against the cache.
-async fn admit(
-    replica: &Arc<Replica>,
-    request: &GenerationRequest,
-) -> Option<(Admission, u64, RunningGuard)> {
-    replica.state().metrics.waiting += 1;
-    let slot = replica.slots.clone().acquire_owned().await;
-    let mut state = replica.state();
-    state.metrics.waiting -= 1;
-    let slot = slot.ok()?;
-    let admission = model::admit(&replica.config, &mut state.cache, &request.prompt, request.max_tokens);
-    state.next_request_id += 1;
-    state.metrics.running += 1;
-    state.held_blocks += admission.held_blocks;
-    state.metrics.kv_usage = replica.kv_usage(state.held_blocks);
-    state.metrics.prefix_queries_tokens += admission.prompt_tokens as u64;
-    state.metrics.prefix_hits_tokens += admission.cached_tokens as u64;
-    state.metrics.prompt_tokens += admission.prompt_tokens as u64;
-    let request_id = state.next_request_id;
-    drop(state);
-    Some((
-        admission,
-        request_id,
-        RunningGuard { replica: replica.clone(), held_blocks: admission.held_blocks, _slot: slot },
-    ))
+fn openai_error(message: &str, param: &str) -> serde_json::Value {
+    json!({"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}})
 }
 
-/// One admitted request being executed.
+fn dropped() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "injected fault: connection dropped mid-stream",
+    )
+}
+
+/// One accepted request being turned into a response.
 struct Run {
-    replica: Arc<Replica>,
     request: GenerationRequest,
-    admission: Admission,
     meta: ResponseMeta,
-    arrival: Instant,
-    _guard: RunningGuard,
+    stream: RequestStream,
+    words: OutputWords,
+    stall: Duration,
+    drop_mid_stream: bool,
+}
+
+/// How a request's generation ended, for the response.
+struct Outcome {
+    text: String,
+    reason: FinishReason,
+    usage: Usage,
 }
 
 impl Run {
-    fn usage(&self, completion_tokens: usize) -> Usage {
-        Usage {
-            prompt_tokens: self.admission.prompt_tokens,
-            completion_tokens,
-            cached_tokens: self.admission.cached_tokens,
+    /// Where a dropped connection cuts: after half the requested tokens (at least one).
+    fn drop_after(&self) -> usize {
+        (self.request.max_tokens / 2).max(1)
+    }
+
+    /// Waits for every token (non-streaming).
+    async fn collect(&mut self) -> Option<Outcome> {
+        let mut text = String::new();
+        while let Some(event) = self.stream.next().await {
+            match event {
+                StreamEvent::FirstToken { .. } => {
+                    if !self.stall.is_zero() {
+                        tokio::time::sleep(self.stall).await;
+                    }
+                    text.push_str(&self.words.next().unwrap_or_default());
+                }
+                StreamEvent::Token { .. } => text.push_str(&self.words.next().unwrap_or_default()),
+                StreamEvent::Finished { reason, prompt_tokens, output_tokens, cached_tokens } => {
+                    let usage = Usage {
+                        prompt_tokens: prompt_tokens as usize,
+                        completion_tokens: output_tokens as usize,
+                        cached_tokens: cached_tokens as usize,
+                    };
+                    return Some(Outcome { text, reason, usage });
+                }
+            }
         }
+        None
     }
 
-    /// Waits out the prefill, then records the TTFT as vLLM does (arrival to first token).
-    async fn prefill(&self) {
-        tokio::time::sleep(model::prefill_time(&self.replica.config, &self.admission)).await;
-        let ttft = self.arrival.elapsed().as_secs_f64();
-        self.replica.state().metrics.ttft.observe(ttft);
-    }
-
-    /// Waits one decode step at the current batch size and counts the token it produced.
-    async fn decode_step(&self) {
-        let running = self.replica.state().metrics.running;
-        tokio::time::sleep(model::decode_step_time(&self.replica.config, running)).await;
-        self.count_token();
-    }
-
-    fn count_token(&self) {
-        self.replica.state().metrics.generation_tokens += 1;
-    }
-
-    async fn complete(self) -> serde_json::Value {
-        let tokens = model::output_tokens(&self.request.prompt, self.request.max_tokens);
-        self.prefill().await;
-        self.count_token();
-        for _ in 1..tokens.len() {
-            self.decode_step().await;
+    async fn complete(mut self) -> Response {
+        let Some(outcome) = self.collect().await else {
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailableError",
+                "replica is shutting down",
+            );
+        };
+        let body = self.meta.full_response(&outcome.text, outcome.reason.as_str(), outcome.usage).to_string();
+        if self.drop_mid_stream {
+            // Half the JSON, then the connection breaks.
+            let body = Bytes::from(body.into_bytes());
+            let half = futures_util::stream::once(async move { Ok(body.slice(..body.len() / 2)) });
+            // A moment for the first half to leave before the connection breaks.
+            let cut = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Err::<Bytes, _>(dropped())
+            });
+            return Response::builder()
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from_stream(futures_util::StreamExt::chain(half, cut)))
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
         }
-        self.meta.full_response(&tokens.concat(), "length", self.usage(tokens.len()))
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     }
 
-    /// Streams one SSE event per token; stops early (freeing the slot) if the client goes.
-    async fn stream(self, tx: mpsc::Sender<Result<Bytes, Infallible>>) {
-        let tokens = model::output_tokens(&self.request.prompt, self.request.max_tokens);
+    /// Streams one SSE event per token. Stops (aborting the request in the engine) when the
+    /// client goes away; breaks the connection when the drop fault fires.
+    async fn stream(mut self, tx: mpsc::Sender<Result<Bytes, std::io::Error>>) {
         let send = |text: String| {
             let tx = tx.clone();
             async move { tx.send(Ok(Bytes::from(text))).await.is_ok() }
         };
-        self.prefill().await;
-        for (i, token) in tokens.iter().enumerate() {
-            if i == 0 {
-                self.count_token();
-            } else {
-                self.decode_step().await;
+        let mut sent = 0usize;
+        while let Some(event) = self.stream.next().await {
+            let token = match event {
+                StreamEvent::FirstToken { .. } => {
+                    if !self.stall.is_zero() {
+                        tokio::time::sleep(self.stall).await;
+                    }
+                    self.meta.token_chunk(&self.words.next().unwrap_or_default(), true)
+                }
+                StreamEvent::Token { .. } => {
+                    self.meta.token_chunk(&self.words.next().unwrap_or_default(), false)
+                }
+                StreamEvent::Finished { reason, prompt_tokens, output_tokens, cached_tokens } => {
+                    if !send(openai::sse_event(&self.meta.finish_chunk(reason.as_str()))).await {
+                        return;
+                    }
+                    if self.request.include_usage {
+                        let usage = Usage {
+                            prompt_tokens: prompt_tokens as usize,
+                            completion_tokens: output_tokens as usize,
+                            cached_tokens: cached_tokens as usize,
+                        };
+                        if !send(openai::sse_event(&self.meta.usage_chunk(usage))).await {
+                            return;
+                        }
+                    }
+                    let _ = send(SSE_DONE.to_string()).await;
+                    return;
+                }
+            };
+            if !send(openai::sse_event(&token)).await {
+                return;
             }
-            if !send(openai::sse_event(&self.meta.token_chunk(token, i == 0))).await {
+            sent += 1;
+            if self.drop_mid_stream && sent >= self.drop_after() {
+                let _ = tx.send(Err(dropped())).await;
                 return;
             }
         }
-        if !send(openai::sse_event(&self.meta.finish_chunk("length"))).await {
-            return;
+        // The driver stopped (shutdown) before the request finished: end the stream with an error
+        // event, as vLLM does when its engine dies, rather than leaving the client hanging.
+        let error = json!({"error": {"message": "replica is shutting down", "type": "ServiceUnavailableError", "code": 503}});
+        let _ = send(openai::sse_event(&error)).await;
+    }
+}
+
+/// A listener whose port closes while the replica is `down` (connections are refused, as with a
+/// dead process) and reopens on the same address when it is up again.
+struct DownableListener {
+    addr: SocketAddr,
+    listener: Option<TcpListener>,
+    down: watch::Receiver<bool>,
+}
+
+impl DownableListener {
+    fn new(listener: TcpListener, down: watch::Receiver<bool>) -> std::io::Result<Self> {
+        Ok(Self { addr: listener.local_addr()?, listener: Some(listener), down })
+    }
+}
+
+impl axum::serve::Listener for DownableListener {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        loop {
+            if *self.down.borrow_and_update() {
+                self.listener = None;
+                // Wait for "up"; a closed watch (replica gone) leaves the port closed for good.
+                if self.down.wait_for(|down| !down).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                continue;
+            }
+            let Some(listener) = &self.listener else {
+                match TcpListener::bind(self.addr).await {
+                    Ok(listener) => self.listener = Some(listener),
+                    Err(error) => {
+                        tracing::warn!(%error, addr = %self.addr, "cannot reopen the replica's port; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                continue;
+            };
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(connection) => return connection,
+                    Err(error) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::debug!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Ok(()) = self.down.changed() => {}
+            }
         }
-        if self.request.include_usage {
-            let _ = send(openai::sse_event(&self.meta.usage_chunk(self.usage(tokens.len())))).await;
-        }
-        let _ = send(SSE_DONE.to_string()).await;
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.addr)
     }
 }

@@ -143,6 +143,6 @@ async fn prometheus_source_discovers_targets_and_gives_the_same_signals() -> Res
     assert!(total.hit_rate.is_some_and(|h| (0.0..=1.0).contains(&h)));
     assert!(total.prompt_tokens_per_s.is_some_and(|r| r > 0.0));
     assert!(total.ttft_p50_s.unwrap() <= total.ttft_p95_s.unwrap());
-    assert_eq!(total.preemptions_per_s, None, "fleet-sim exports no preemption counter");
+    assert!(total.preemptions_per_s.is_some_and(|p| p >= 0.0), "fleet-sim exports vLLM's preemption counter");
     Ok(())
 }

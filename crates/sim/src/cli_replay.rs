@@ -1,0 +1,214 @@
+//! The `replay`, `compare` and `gen` subcommands of `fleet-sim`: arguments and what they run.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use fleet_policy::PolicySpec;
+use fleet_sim::engine::Profile;
+use fleet_sim::replay::{self, PreparedTrace, ReplayConfig, ReplayControl, ReplayReport};
+use fleet_sim::workload::{Arrivals, GenConfig};
+
+/// Settings shared by `replay` and `compare`.
+#[derive(Args, Debug, Clone)]
+pub struct FleetArgs {
+    /// Trace file: Mooncake JSON Lines or a trace recorded by fleet-router.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Replicas in the emulated fleet.
+    #[arg(long, default_value_t = 8)]
+    pub replicas: u32,
+    /// KV capacity of one replica, in blocks of --block-tokens tokens (default: the profile's capacity).
+    #[arg(long)]
+    pub capacity_blocks: Option<u32>,
+    /// Engine block size in tokens (default: the trace's own, 512 for Mooncake traces).
+    #[arg(long)]
+    pub block_tokens: Option<u32>,
+    /// Engine profile: a built-in name (llama-3.1-8b-h100, llama-3.1-70b-8xh100, llama-3.1-8b-a100) or a YAML file.
+    #[arg(long, default_value = fleet_sim::engine::cost::DEFAULT_PROFILE)]
+    pub profile: String,
+    /// Replay this many times faster than the trace's timestamps.
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Seed of the policy's random draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `fleet-sim replay`.
+#[derive(Args, Debug, Clone)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Policy by name (round_robin, random, least_load, power_of_two, consistent_hash, cache_aware_approx,
+    /// kv_precise, weighted_scorers), with default parameters.
+    #[arg(long, conflicts_with = "policy_file", required_unless_present = "policy_file")]
+    pub policy: Option<String>,
+    /// Policy spec file (YAML or JSON), as the router's admin API takes it.
+    #[arg(long)]
+    pub policy_file: Option<PathBuf>,
+}
+
+/// `fleet-sim compare`.
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Comma-separated policy names or spec files (default: all eight policies).
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Replays run at once (default: the machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// `fleet-sim gen`.
+#[derive(Args, Debug, Clone)]
+pub struct GenArgs {
+    /// Output file (default: standard output).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Workload config file (YAML/JSON with GenConfig fields); the flags below override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Requests to generate.
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// Mean arrival rate, requests per second.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Bursty arrivals: bursts at this many times the quiet rate (20% of the time, 5 s on average).
+    #[arg(long)]
+    pub bursty: Option<f64>,
+    /// Tenants with their own system prompts.
+    #[arg(long)]
+    pub tenants: Option<usize>,
+}
+
+fn read_trace(path: &Path) -> Result<fleet_trace::Trace> {
+    let file = File::open(path).with_context(|| format!("cannot open trace {}", path.display()))?;
+    fleet_trace::read_trace(BufReader::new(file))
+        .with_context(|| format!("cannot read trace {}", path.display()))
+}
+
+fn load_policy(name_or_path: &str) -> Result<PolicySpec> {
+    let path = Path::new(name_or_path);
+    if fleet_policy::POLICY_NAMES.contains(&name_or_path) || !path.exists() {
+        let spec = PolicySpec::named(name_or_path);
+        spec.validate().with_context(|| format!("--policy {name_or_path}"))?;
+        return Ok(spec);
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read policy file {}", path.display()))?;
+    text.parse::<PolicySpec>().with_context(|| format!("invalid policy file {}", path.display()))
+}
+
+fn prepare(fleet: &FleetArgs) -> Result<(PreparedTrace, ReplayConfig)> {
+    let trace = read_trace(&fleet.trace)?;
+    let prepared = replay::prepare(&trace, fleet.block_tokens, fleet.speedup)?;
+    let profile = Profile::load(&fleet.profile)?;
+    if fleet.capacity_blocks == Some(0) {
+        bail!("--capacity-blocks must be at least 1");
+    }
+    let mut config = ReplayConfig::new(fleet.replicas, PolicySpec::default());
+    config.profile = profile;
+    config.capacity_blocks = fleet.capacity_blocks;
+    config.seed = fleet.seed;
+    Ok((prepared, config))
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut stdout, value)?;
+    writeln!(stdout)?;
+    Ok(())
+}
+
+/// Runs `fleet-sim replay`.
+pub fn run_replay(args: ReplayArgs) -> Result<()> {
+    let (trace, mut config) = prepare(&args.fleet)?;
+    config.policy = match (&args.policy, &args.policy_file) {
+        (Some(name), _) => load_policy(name)?,
+        (None, Some(path)) => load_policy(&path.to_string_lossy())?,
+        (None, None) => bail!("give --policy NAME or --policy-file FILE"),
+    };
+    let report = replay::replay(&trace, &config, ReplayControl::default())?;
+    if args.fleet.json {
+        print_json(&report)
+    } else {
+        print!("{}", replay::format_report(&report));
+        Ok(())
+    }
+}
+
+/// Runs `fleet-sim compare`.
+pub fn run_compare(args: CompareArgs) -> Result<()> {
+    let (trace, config) = prepare(&args.fleet)?;
+    let names: Vec<String> = if args.policies.is_empty() {
+        fleet_policy::POLICY_NAMES.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        args.policies.clone()
+    };
+    let specs = names.iter().map(|n| load_policy(n)).collect::<Result<Vec<_>>>()?;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let results = replay::compare(&trace, &config, &specs, threads, None);
+    let mut rows: Vec<(String, ReplayReport)> = Vec::new();
+    for (name, result) in names.into_iter().zip(results) {
+        rows.push((name.clone(), result.with_context(|| format!("replaying policy {name}"))?));
+    }
+    if args.fleet.json {
+        let map: serde_json::Map<String, serde_json::Value> =
+            rows.into_iter().map(|(n, r)| Ok((n, serde_json::to_value(r)?))).collect::<Result<_>>()?;
+        print_json(&map)
+    } else {
+        print!("{}", replay::format_comparison(&rows));
+        Ok(())
+    }
+}
+
+/// Runs `fleet-sim gen`.
+pub fn run_gen(args: GenArgs) -> Result<()> {
+    let mut config = match &args.config {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .parse::<GenConfig>()?,
+        None => GenConfig::default(),
+    };
+    if let Some(seed) = args.seed {
+        config.seed = seed;
+    }
+    if let Some(requests) = args.requests {
+        config.requests = requests;
+    }
+    if let Some(rate) = args.rate {
+        config.rate_rps = rate;
+    }
+    if let Some(factor) = args.bursty {
+        config.arrivals = Arrivals::Bursty { factor, on_share: 0.2, mean_burst_s: 5.0 };
+    }
+    if let Some(tenants) = args.tenants {
+        config.tenants = tenants;
+    }
+    let records = fleet_sim::workload::generate(&config)?;
+    match &args.out {
+        Some(path) => {
+            let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            let mut writer = BufWriter::new(file);
+            fleet_sim::workload::write_trace(&records, &mut writer)?;
+            writer.flush()?;
+        }
+        None => {
+            let mut writer = BufWriter::new(std::io::stdout().lock());
+            fleet_sim::workload::write_trace(&records, &mut writer)?;
+            writer.flush()?;
+        }
+    }
+    Ok(())
+}

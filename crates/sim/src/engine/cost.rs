@@ -1,0 +1,266 @@
+//! The step cost model and the hardware/model profiles it is filled from.
+//!
+//! One engine step runs one forward pass over a batch of prefill chunks and decoding sequences. Its
+//! duration is linear in what the pass has to read and compute:
+//!
+//! ```text
+//! step = step_us                                   (weights read once + launch/scheduling overhead)
+//!      + prefill_token_us      x prefill tokens    (GEMM FLOPs per token)
+//!      + prefill_attn_us_per_ktok x sum over chunks of chunk x (start + chunk / 2) / 1000   (causal attention)
+//!      + decode_seq_us         x decoding sequences
+//!      + decode_ctx_us_per_ktok x context tokens of decoding sequences / 1000             (KV read)
+//! ```
+//!
+//! The figures come from profiles (`crates/sim/profiles/*.yaml`), each figure with its source.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::EngineConfig;
+
+/// The profile `EngineConfig::default()` uses.
+pub const DEFAULT_PROFILE: &str = "llama-3.1-8b-h100";
+
+/// Built-in profiles: (name, YAML text).
+pub const BUILTIN_PROFILES: [(&str, &str); 3] = [
+    ("llama-3.1-8b-h100", include_str!("../../profiles/llama-3.1-8b-h100.yaml")),
+    ("llama-3.1-70b-8xh100", include_str!("../../profiles/llama-3.1-70b-8xh100.yaml")),
+    ("llama-3.1-8b-a100", include_str!("../../profiles/llama-3.1-8b-a100.yaml")),
+];
+
+/// Per-step cost figures, in microseconds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostProfile {
+    /// Fixed time of any step.
+    pub step_us: f64,
+    /// Per prefill token.
+    pub prefill_token_us: f64,
+    /// Causal attention during prefill, per token per thousand tokens of context before it.
+    pub prefill_attn_us_per_ktok: f64,
+    /// Per decoding sequence in the batch.
+    pub decode_seq_us: f64,
+    /// Per thousand context tokens of decoding sequences (KV-cache read).
+    pub decode_ctx_us_per_ktok: f64,
+}
+
+/// A figure that cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid cost profile: {field} = {value}: {fix}")]
+pub struct ProfileError {
+    /// The field.
+    pub field: &'static str,
+    /// Its value.
+    pub value: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+impl CostProfile {
+    /// Every figure must be finite and non-negative, and a step must take some time.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        let figures = [
+            ("cost.step_us", self.step_us),
+            ("cost.prefill_token_us", self.prefill_token_us),
+            ("cost.prefill_attn_us_per_ktok", self.prefill_attn_us_per_ktok),
+            ("cost.decode_seq_us", self.decode_seq_us),
+            ("cost.decode_ctx_us_per_ktok", self.decode_ctx_us_per_ktok),
+        ];
+        for (field, value) in figures {
+            if !value.is_finite() || value < 0.0 {
+                return Err(ProfileError {
+                    field,
+                    value: value.to_string(),
+                    fix: "use a finite number of microseconds >= 0".to_owned(),
+                });
+            }
+        }
+        if self.step_us <= 0.0 {
+            return Err(ProfileError {
+                field: "cost.step_us",
+                value: self.step_us.to_string(),
+                fix: "a step takes time: use a positive number of microseconds".to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Duration of a step, in microseconds (at least 1).
+    ///
+    /// `prefill_chunks` are `(start, tokens)`: a chunk of `tokens` prompt tokens after `start` already
+    /// computed ones; `decode_seqs` sequences decode one token each over `decode_ctx_tokens` context tokens.
+    pub fn step_time(&self, prefill_chunks: &[(u32, u32)], decode_seqs: u32, decode_ctx_tokens: u64) -> u64 {
+        let mut prefill_tokens = 0.0;
+        let mut attention = 0.0;
+        for &(start, tokens) in prefill_chunks {
+            let tokens = f64::from(tokens);
+            prefill_tokens += tokens;
+            attention += tokens * (f64::from(start) + tokens / 2.0) / 1000.0;
+        }
+        let micros = self.step_us
+            + self.prefill_token_us * prefill_tokens
+            + self.prefill_attn_us_per_ktok * attention
+            + self.decode_seq_us * f64::from(decode_seqs)
+            + self.decode_ctx_us_per_ktok * decode_ctx_tokens as f64 / 1000.0;
+        (micros.round() as u64).max(1)
+    }
+
+    /// Total duration of `steps` consecutive pure-decode steps of `seqs` sequences whose context starts at
+    /// `ctx_tokens` tokens and grows by `seqs` each step (each step rounded as [`Self::step_time`] rounds).
+    pub fn decode_run_time(&self, seqs: u32, ctx_tokens: u64, steps: u64) -> u64 {
+        // Closed form of the sum of rounded linear terms is awkward; rounding each step would need a loop.
+        // Use the unrounded sum, rounded once: a run and the same steps one by one differ by < 1 us/step.
+        let base = self.step_us + self.decode_seq_us * f64::from(seqs);
+        let per_ctx = self.decode_ctx_us_per_ktok / 1000.0;
+        let steps_f = steps as f64;
+        let ctx_sum = steps_f * ctx_tokens as f64 + f64::from(seqs) * steps_f * (steps_f - 1.0) / 2.0;
+        let micros = steps_f * base + per_ctx * ctx_sum;
+        (micros.round() as u64).max(steps)
+    }
+}
+
+/// A named preset: engine limits, KV capacity and step cost for one model on one machine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Short name (`llama-3.1-8b-h100`).
+    pub name: String,
+    /// What it models.
+    pub description: String,
+    /// Served model name.
+    pub model: String,
+    /// KV capacity in tokens (converted to blocks of the engine's block size).
+    pub kv_capacity_tokens: u64,
+    /// Default block size.
+    pub block_tokens: u32,
+    /// vLLM's `max_num_seqs`.
+    pub max_num_seqs: u32,
+    /// vLLM's `max_num_batched_tokens`.
+    pub max_num_batched_tokens: u32,
+    /// Step cost figures.
+    pub cost: CostProfile,
+    /// Where each figure comes from (free text per figure; the YAML comments carry the detail).
+    #[serde(default)]
+    pub sources: Vec<String>,
+}
+
+impl Profile {
+    /// Parses and validates a profile document (YAML or JSON).
+    pub fn parse(text: &str) -> Result<Self, ProfileError> {
+        let profile: Profile = serde_norway::from_str(text).map_err(|e| ProfileError {
+            field: "document",
+            value: e.to_string(),
+            fix: "a profile is YAML with name, description, model, kv_capacity_tokens, block_tokens, \
+                  max_num_seqs, max_num_batched_tokens and cost (see crates/sim/profiles/)"
+                .to_owned(),
+        })?;
+        profile.cost.validate()?;
+        let positive = [
+            ("kv_capacity_tokens", profile.kv_capacity_tokens),
+            ("block_tokens", u64::from(profile.block_tokens)),
+            ("max_num_seqs", u64::from(profile.max_num_seqs)),
+            ("max_num_batched_tokens", u64::from(profile.max_num_batched_tokens)),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(ProfileError { field, value: "0".into(), fix: "use a positive number".into() });
+            }
+        }
+        Ok(profile)
+    }
+
+    /// A built-in profile by name.
+    pub fn builtin(name: &str) -> Option<Self> {
+        let (_, text) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == name)?;
+        Self::parse(text).ok()
+    }
+
+    /// A built-in profile by name, or a profile file by path.
+    pub fn load(name_or_path: &str) -> Result<Self, ProfileError> {
+        if let Some(profile) = Self::builtin(name_or_path) {
+            return Ok(profile);
+        }
+        let path = Path::new(name_or_path);
+        if !path.exists() {
+            let names: Vec<&str> = BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect();
+            return Err(ProfileError {
+                field: "profile",
+                value: name_or_path.to_owned(),
+                fix: format!("name a built-in profile ({}) or an existing YAML file", names.join(", ")),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| ProfileError {
+            field: "profile",
+            value: name_or_path.to_owned(),
+            fix: format!("cannot read it: {e}"),
+        })?;
+        Self::parse(&text)
+    }
+
+    /// KV capacity in blocks of `block_tokens` tokens (at least 1).
+    pub fn capacity_blocks(&self, block_tokens: u32) -> u32 {
+        let blocks = self.kv_capacity_tokens / u64::from(block_tokens.max(1));
+        u32::try_from(blocks).unwrap_or(u32::MAX).max(1)
+    }
+
+    /// The engine configuration this profile describes (prefix caching on, no per-token or KV events).
+    pub fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            block_tokens: self.block_tokens,
+            num_gpu_blocks: self.capacity_blocks(self.block_tokens),
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            enable_prefix_caching: true,
+            token_events: false,
+            kv_events: false,
+            cost: self.cost.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_profile_parses() {
+        for (name, text) in BUILTIN_PROFILES {
+            let profile = Profile::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(profile.name, name);
+            assert!(!profile.sources.is_empty(), "{name} cites its sources");
+            profile.engine_config().validate().expect("valid engine config");
+        }
+    }
+
+    #[test]
+    fn decode_slows_with_batch_and_context_and_a_run_adds_up_its_steps() {
+        let cost = Profile::builtin(DEFAULT_PROFILE).expect("builtin").cost;
+        assert!(cost.step_time(&[], 32, 32_000) > cost.step_time(&[], 1, 1_000));
+        assert!(cost.step_time(&[], 8, 80_000) > cost.step_time(&[], 8, 8_000));
+        let one_by_one: u64 = (0..10).map(|i| cost.step_time(&[], 4, 4_000 + 4 * i)).sum();
+        let run = cost.decode_run_time(4, 4_000, 10);
+        assert!(one_by_one.abs_diff(run) <= 10, "{one_by_one} vs {run}");
+    }
+
+    #[test]
+    fn prefill_costs_per_token_and_attention_grows_with_context() {
+        let cost = Profile::builtin(DEFAULT_PROFILE).expect("builtin").cost;
+        assert!(cost.step_time(&[(0, 2048)], 0, 0) > cost.step_time(&[(0, 1024)], 0, 0));
+        assert!(cost.step_time(&[(64_000, 1024)], 0, 0) > cost.step_time(&[(0, 1024)], 0, 0));
+    }
+
+    #[test]
+    fn bad_profiles_are_named() {
+        let err = Profile::load("no-such-profile").expect_err("unknown");
+        assert!(err.fix.contains("llama-3.1-8b-h100"), "{err}");
+        let bad = CostProfile {
+            step_us: f64::NAN,
+            prefill_token_us: 1.0,
+            prefill_attn_us_per_ktok: 0.0,
+            decode_seq_us: 0.0,
+            decode_ctx_us_per_ktok: 0.0,
+        };
+        assert_eq!(bad.validate().expect_err("nan").field, "cost.step_us");
+    }
+}

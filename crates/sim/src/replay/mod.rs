@@ -1,0 +1,317 @@
+//! What-if replay: a trace through one engine model per replica, routed by a fleet-policy engine, all on
+//! a virtual clock.
+//!
+//! For each request in arrival order, every replica's engine is advanced to the arrival (their first-token,
+//! completion and KV events are fed to the policy engine as they happen), the policy picks a replica with
+//! the request's block hashes, and the request joins that replica's engine. When the trace is exhausted the
+//! engines run dry. The report measures what clients would have seen: hit rate, TTFT percentiles, time per
+//! output token, throughput, load imbalance, and the pooled bound ([`pooled`]).
+//!
+//! Deterministic: the same trace, configuration and seed give the same report. Library callers (the app)
+//! get progress callbacks and cancellation through [`ReplayControl`].
+
+pub mod pooled;
+pub mod prepare;
+mod report;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use fleet_policy::{
+    Engine as PolicyEngine, KvEvent, Medium, PolicySpec, ReplicaId, ReplicaMetrics, RequestView,
+};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+pub use prepare::{PreparedRequest, PreparedTrace, prepare};
+pub use report::{ReplayReport, ReplicaReport, format_comparison, format_report};
+
+use crate::engine::{
+    EngineConfig, EngineEvent, EngineModel, EngineRequest, KvEventKind, Micros, Profile, Prompt,
+};
+
+/// How to replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayConfig {
+    /// Replicas in the fleet.
+    pub replicas: u32,
+    /// The routing policy.
+    pub policy: PolicySpec,
+    /// Engine limits and costs.
+    pub profile: Profile,
+    /// KV capacity of one replica in engine blocks (`None`: the profile's capacity at that block size).
+    pub capacity_blocks: Option<u32>,
+    /// Seed of the policy's random draws.
+    pub seed: u64,
+    /// How often replicas' metrics (queue, running, KV usage) reach the policy, as a router scraping them
+    /// would see them, in virtual milliseconds; 0 = before every pick.
+    pub metrics_interval_ms: u64,
+}
+
+impl ReplayConfig {
+    /// A configuration with the default profile, capacity and seed.
+    pub fn new(replicas: u32, policy: PolicySpec) -> Self {
+        Self {
+            replicas,
+            policy,
+            profile: Profile::builtin(crate::engine::cost::DEFAULT_PROFILE).expect("built in"),
+            capacity_blocks: None,
+            seed: 1,
+            metrics_interval_ms: 1000,
+        }
+    }
+
+    /// Capacity per replica in blocks of `block_tokens`.
+    pub fn capacity_for(&self, block_tokens: u32) -> u32 {
+        self.capacity_blocks.unwrap_or_else(|| self.profile.capacity_blocks(block_tokens))
+    }
+
+    /// The engine configuration of one replica for a trace prepared at `block_tokens`.
+    pub fn engine_config(&self, block_tokens: u32) -> EngineConfig {
+        let mut config = self.profile.engine_config();
+        config.block_tokens = block_tokens;
+        config.num_gpu_blocks = self.capacity_for(block_tokens);
+        config.kv_events = true;
+        config.token_events = false;
+        config
+    }
+}
+
+/// Progress of a replay, for a progress bar.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Progress {
+    /// Requests routed so far.
+    pub routed: usize,
+    /// Requests in the trace.
+    pub total: usize,
+    /// Virtual time reached, in seconds.
+    pub virtual_s: f64,
+}
+
+/// Progress reporting and cancellation for library callers. `Default` is neither.
+#[derive(Clone, Copy, Default)]
+pub struct ReplayControl<'a> {
+    /// Called about every 1% of the trace (and at the end).
+    pub progress: Option<&'a (dyn Fn(Progress) + Sync)>,
+    /// Checked about every 1% of the trace; set it to stop with [`ReplayError::Cancelled`].
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+impl std::fmt::Debug for ReplayControl<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplayControl")
+            .field("progress", &self.progress.is_some())
+            .field("cancel", &self.cancel.is_some())
+            .finish()
+    }
+}
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The trace has no requests.
+    #[error("the trace has no requests")]
+    EmptyTrace,
+    /// A setting is unusable.
+    #[error("invalid replay setting `{field}`: {message}")]
+    Config {
+        /// The setting.
+        field: &'static str,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// The policy spec is invalid.
+    #[error("invalid policy: {0}")]
+    Policy(#[from] fleet_policy::SpecError),
+    /// A request can never fit a replica.
+    #[error(
+        "request {index} (0-based, in arrival order) needs {needed} blocks of {block_tokens} tokens but a \
+         replica holds {capacity}; raise --capacity-blocks or drop the request from the trace"
+    )]
+    TooLarge {
+        /// Request index.
+        index: usize,
+        /// Blocks it needs.
+        needed: u64,
+        /// Tokens per block.
+        block_tokens: u32,
+        /// Blocks per replica.
+        capacity: u32,
+    },
+    /// Cancelled through [`ReplayControl::cancel`].
+    #[error("replay cancelled")]
+    Cancelled,
+}
+
+/// What happened to one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Outcome {
+    pub replica: u32,
+    pub arrival: Micros,
+    pub first_token: Option<Micros>,
+    pub finished: Option<Micros>,
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub output_tokens: u32,
+}
+
+/// Replays a prepared trace under one configuration.
+pub fn replay(
+    trace: &PreparedTrace,
+    config: &ReplayConfig,
+    control: ReplayControl<'_>,
+) -> Result<ReplayReport, ReplayError> {
+    if config.replicas == 0 {
+        return Err(ReplayError::Config {
+            field: "replicas",
+            message: "a fleet needs at least one replica".into(),
+        });
+    }
+    let engine_config = config.engine_config(trace.block_tokens);
+    engine_config
+        .validate()
+        .map_err(|e| ReplayError::Config { field: e.field, message: format!("{} ({})", e.value, e.fix) })?;
+    let capacity = engine_config.num_gpu_blocks;
+    let ids: Vec<ReplicaId> = (0..config.replicas).map(ReplicaId).collect();
+    let mut policy = PolicyEngine::new(config.policy.clone(), &ids)?;
+    let mut engines: Vec<EngineModel> = (0..config.replicas)
+        .map(|_| EngineModel::new(engine_config.clone()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| ReplayError::Config { field: e.field, message: format!("{} ({})", e.value, e.fix) })?;
+    let mut rng = StdRng::seed_from_u64(config.seed);
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(trace.requests.len());
+    let mut last_metrics_ms: Option<u64> = None;
+    let total = trace.requests.len();
+    let tick = (total / 100).max(1);
+
+    for (index, request) in trace.requests.iter().enumerate() {
+        if index % tick == 0 {
+            if control.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                return Err(ReplayError::Cancelled);
+            }
+            if let Some(progress) = control.progress {
+                progress(Progress { routed: index, total, virtual_s: request.arrival_us as f64 / 1e6 });
+            }
+        }
+        let now = request.arrival_us;
+        let now_ms = now / 1000;
+        for (r, engine) in engines.iter_mut().enumerate() {
+            engine.advance_to(now, &mut |event| on_event(&mut policy, &mut outcomes, r as u32, event));
+        }
+        if last_metrics_ms.is_none_or(|at| now_ms >= at + config.metrics_interval_ms) {
+            last_metrics_ms = Some(now_ms);
+            for (r, engine) in engines.iter().enumerate() {
+                let stats = engine.stats();
+                let metrics = ReplicaMetrics {
+                    queue_depth: stats.waiting,
+                    running: stats.running,
+                    kv_usage: stats.kv_usage(),
+                };
+                // The replica ids are the engine's own, so this cannot fail.
+                let _ = policy.set_metrics(ReplicaId(r as u32), metrics, now_ms);
+            }
+        }
+        let view = RequestView {
+            block_hashes: request.block_hashes.to_vec(),
+            prompt_tokens: request.prompt_tokens,
+            session_key: request.session.map(|s| format!("{s:016x}")),
+        };
+        let id = index as u64;
+        let decision = policy.route(id, &view, now_ms, &mut rng).map_err(|e| ReplayError::Config {
+            field: "replicas",
+            message: format!("the policy could not pick a replica: {e}"),
+        })?;
+        let replica = decision.replica.0;
+        outcomes.push(Outcome {
+            replica,
+            arrival: now,
+            prompt_tokens: request.prompt_tokens,
+            output_tokens: 0,
+            ..Outcome::default()
+        });
+        let prompt = Prompt::from_hashes(request.prompt_tokens, view.block_hashes);
+        let engine_request = EngineRequest::new(id, prompt, request.output_tokens);
+        engines[replica as usize]
+            .add_request(engine_request, now, &mut |event| {
+                on_event(&mut policy, &mut outcomes, replica, event)
+            })
+            .map_err(|e| match e {
+                crate::engine::AddError::TooLarge { needed, capacity, .. } => {
+                    ReplayError::TooLarge { index, needed, block_tokens: trace.block_tokens, capacity }
+                }
+                other => ReplayError::Config { field: "trace", message: other.to_string() },
+            })?;
+    }
+    for (r, engine) in engines.iter_mut().enumerate() {
+        engine.advance_to(Micros::MAX, &mut |event| on_event(&mut policy, &mut outcomes, r as u32, event));
+    }
+    if let Some(progress) = control.progress {
+        let end = outcomes.iter().filter_map(|o| o.finished).max().unwrap_or(0);
+        progress(Progress { routed: total, total, virtual_s: end as f64 / 1e6 });
+    }
+    let pooled = pooled::pooled_bound_hit_rate(trace, u64::from(capacity) * u64::from(config.replicas));
+    Ok(report::build(&outcomes, &engines, pooled))
+}
+
+/// Feeds one engine event to the policy and the outcome table.
+fn on_event(policy: &mut PolicyEngine, outcomes: &mut [Outcome], replica: u32, event: EngineEvent) {
+    match event {
+        EngineEvent::FirstToken { id, at, cached_tokens } => {
+            let outcome = &mut outcomes[id as usize];
+            outcome.first_token = Some(at);
+            outcome.cached_tokens = cached_tokens;
+            let _ = policy.on_first_token(id, at / 1000);
+        }
+        EngineEvent::Finished { id, at, output_tokens, cached_tokens, .. } => {
+            let outcome = &mut outcomes[id as usize];
+            outcome.finished = Some(at);
+            outcome.output_tokens = output_tokens;
+            outcome.cached_tokens = cached_tokens;
+            let _ = policy.on_completed(id, at / 1000);
+        }
+        EngineEvent::Kv { at, kind } => {
+            let event = match kind {
+                KvEventKind::BlockStored { block_hashes, .. } => {
+                    KvEvent::Stored { medium: Medium::Gpu, block_hashes }
+                }
+                KvEventKind::BlockRemoved { block_hashes } => {
+                    KvEvent::Removed { medium: Medium::Gpu, block_hashes }
+                }
+                KvEventKind::AllBlocksCleared => KvEvent::AllCleared { medium: None },
+            };
+            let _ = policy.on_kv_event(ReplicaId(replica), &event, at / 1000);
+        }
+        EngineEvent::Scheduled { .. } | EngineEvent::Token { .. } | EngineEvent::Preempted { .. } => {}
+    }
+}
+
+/// Replays the same trace under several policies in parallel (one thread each, at most `threads` at once),
+/// returning the reports in the order of `policies`.
+pub fn compare(
+    trace: &PreparedTrace,
+    base: &ReplayConfig,
+    policies: &[PolicySpec],
+    threads: usize,
+    cancel: Option<&AtomicBool>,
+) -> Vec<Result<ReplayReport, ReplayError>> {
+    let threads = threads.max(1);
+    let mut results: Vec<Option<Result<ReplayReport, ReplayError>>> =
+        (0..policies.len()).map(|_| None).collect();
+    for (chunk_index, chunk) in policies.chunks(threads).enumerate() {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|spec| {
+                    let config = ReplayConfig { policy: spec.clone(), ..base.clone() };
+                    scope.spawn(move || replay(trace, &config, ReplayControl { progress: None, cancel }))
+                })
+                .collect();
+            for (offset, handle) in handles.into_iter().enumerate() {
+                let result = handle.join().unwrap_or_else(|_| {
+                    Err(ReplayError::Config { field: "policy", message: "the replay thread panicked".into() })
+                });
+                results[chunk_index * threads + offset] = Some(result);
+            }
+        });
+    }
+    results.into_iter().map(|r| r.unwrap_or(Err(ReplayError::Cancelled))).collect()
+}

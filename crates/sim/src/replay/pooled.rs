@@ -1,0 +1,61 @@
+//! The pooled bound: the hit rate of one LRU cache holding the whole fleet's capacity, on the same trace.
+//!
+//! No routing can do better than pooling every replica's memory into one cache seen by every request,
+//! so this is the reference a policy's hit rate is judged against. Precisely: requests in arrival order;
+//! each looks up its leading full blocks (capped, as engines cap, so at least one prompt token is computed),
+//! counts the matched blocks' tokens as cached, then caches all its blocks, touching them from the last to
+//! the first (so under pressure a prefix loses its tail before its head, as engines free tail blocks
+//! first). Beyond capacity the least recently touched block is evicted.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::prepare::PreparedTrace;
+
+/// An LRU set of block hashes with stamps (O(log n) per touch).
+#[derive(Debug, Default)]
+struct Lru {
+    capacity: usize,
+    tick: u64,
+    stamp: HashMap<u64, u64>,
+    order: BTreeMap<u64, u64>,
+}
+
+impl Lru {
+    fn touch(&mut self, hash: u64) {
+        self.tick += 1;
+        if let Some(old) = self.stamp.insert(hash, self.tick) {
+            self.order.remove(&old);
+        }
+        self.order.insert(self.tick, hash);
+        while self.stamp.len() > self.capacity {
+            let Some((_, victim)) = self.order.pop_first() else { break };
+            self.stamp.remove(&victim);
+        }
+    }
+}
+
+/// Tokens of each request served from the pooled cache of `capacity_blocks` blocks.
+pub fn pooled_cached_tokens(trace: &PreparedTrace, capacity_blocks: u64) -> Vec<u64> {
+    let mut lru = Lru { capacity: capacity_blocks as usize, ..Lru::default() };
+    let block = u64::from(trace.block_tokens);
+    trace
+        .requests
+        .iter()
+        .map(|request| {
+            let cap = (u64::from(request.prompt_tokens.saturating_sub(1)) / block) as usize;
+            let lookup = &request.block_hashes[..request.block_hashes.len().min(cap)];
+            let matched = lookup.iter().take_while(|h| lru.stamp.contains_key(h)).count() as u64;
+            for &hash in request.block_hashes.iter().rev() {
+                lru.touch(hash);
+            }
+            matched * block
+        })
+        .collect()
+}
+
+/// Pooled bound hit rate: pooled cached tokens / prompt tokens.
+pub fn pooled_bound_hit_rate(trace: &PreparedTrace, capacity_blocks: u64) -> f64 {
+    let cached: u64 = pooled_cached_tokens(trace, capacity_blocks).iter().sum();
+    let prompt: u64 = trace.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+    if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 }
+}

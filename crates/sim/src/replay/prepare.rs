@@ -1,0 +1,157 @@
+//! Turning trace records into engine requests: arrival times and block hashes at the engine's block size.
+//!
+//! A trace names each `block_tokens`-token block of a prompt by an id (Mooncake `hash_ids`, or a recorded
+//! trace's chained hashes). Ids are chained ([`fleet_policy::chain_block_ids`]) so a hash names the whole
+//! prefix, as in both formats equal ids at the same position mean equal prefixes. Only full blocks are
+//! cacheable (`input_length / block_tokens` of them); a trailing partial block's id is ignored.
+//!
+//! The engine may use another block size than the trace, as long as one divides the other:
+//! - smaller (e.g. 16-token engine blocks under 512-token trace blocks): each trace block is split into
+//!   sub-blocks whose hashes mix the trace block's chained hash with the sub-block's index;
+//! - larger (a multiple of the trace's): an engine block is named by the chained hash of its last trace block.
+
+use std::sync::Arc;
+
+use fleet_trace::Trace;
+
+use super::ReplayError;
+use crate::engine::Micros;
+
+/// One request ready to replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreparedRequest {
+    /// Arrival, microseconds after the first request (speedup applied).
+    pub arrival_us: Micros,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Tokens to generate.
+    pub output_tokens: u32,
+    /// Chained hashes of the full engine blocks of the prompt.
+    pub block_hashes: Arc<[u64]>,
+    /// Session key, when the trace has one.
+    pub session: Option<u64>,
+}
+
+/// A trace prepared for one engine block size (shared by every policy of a comparison).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PreparedTrace {
+    /// Requests in arrival order.
+    pub requests: Vec<PreparedRequest>,
+    /// Engine block size.
+    pub block_tokens: u32,
+    /// The trace's own block size.
+    pub trace_block_tokens: u32,
+}
+
+/// splitmix64 finaliser, to spread sub-block hashes.
+fn mix(mut value: u64) -> u64 {
+    value = (value ^ (value >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    value = (value ^ (value >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    value ^ (value >> 31)
+}
+
+/// Prepares `trace` for engines of `block_tokens`-token blocks (`None`: the trace's own size), with
+/// arrivals divided by `speedup`.
+pub fn prepare(trace: &Trace, block_tokens: Option<u32>, speedup: f64) -> Result<PreparedTrace, ReplayError> {
+    if trace.is_empty() {
+        return Err(ReplayError::EmptyTrace);
+    }
+    if !(speedup.is_finite() && speedup > 0.0) {
+        return Err(ReplayError::Config {
+            field: "speedup",
+            message: format!("{speedup} is not a positive number; use e.g. 1 (real time) or 4 (4x faster)"),
+        });
+    }
+    let trace_block = trace.block_tokens();
+    let engine_block = block_tokens.unwrap_or(trace_block);
+    if engine_block == 0
+        || (!trace_block.is_multiple_of(engine_block) && !engine_block.is_multiple_of(trace_block))
+    {
+        return Err(ReplayError::Config {
+            field: "block_tokens",
+            message: format!(
+                "{engine_block} must divide the trace's block size {trace_block} or be a multiple of it; \
+                 try {trace_block} or 16"
+            ),
+        });
+    }
+    let first = trace.records[0].timestamp;
+    let requests = trace
+        .records
+        .iter()
+        .map(|record| {
+            let chained = fleet_policy::chain_block_ids(&record.hash_ids);
+            let full_engine_blocks = (record.input_length / engine_block) as usize;
+            let mut hashes = Vec::with_capacity(full_engine_blocks.min(chained.len() * 32));
+            if engine_block <= trace_block {
+                let per = (trace_block / engine_block) as usize;
+                'outer: for &parent in &chained {
+                    for k in 0..per {
+                        if hashes.len() == full_engine_blocks {
+                            break 'outer;
+                        }
+                        hashes.push(if per == 1 { parent } else { mix(parent ^ mix(k as u64 + 1)) });
+                    }
+                }
+            } else {
+                let group = (engine_block / trace_block) as usize;
+                for e in 0..full_engine_blocks {
+                    let Some(&last) = chained.get((e + 1) * group - 1) else { break };
+                    hashes.push(last);
+                }
+            }
+            let offset_ms = record.timestamp.saturating_sub(first) as f64 / speedup;
+            PreparedRequest {
+                arrival_us: (offset_ms * 1000.0).round() as Micros,
+                prompt_tokens: record.input_length,
+                output_tokens: record.output_length,
+                block_hashes: Arc::from(hashes),
+                session: record.session,
+            }
+        })
+        .collect();
+    Ok(PreparedTrace { requests, block_tokens: engine_block, trace_block_tokens: trace_block })
+}
+
+#[cfg(test)]
+mod tests {
+    use fleet_trace::TraceRecord;
+
+    use super::*;
+
+    fn trace(records: Vec<TraceRecord>) -> Trace {
+        Trace::from_records(records).expect("valid")
+    }
+
+    #[test]
+    fn only_full_blocks_are_hashed_and_shared_prefixes_share_hashes() {
+        let t = trace(vec![
+            TraceRecord::mooncake(0, 1100, 5, vec![1, 2, 3]),
+            TraceRecord::mooncake(10, 1024, 5, vec![1, 2]),
+            TraceRecord::mooncake(20, 1024, 5, vec![7, 2]),
+        ]);
+        let p = prepare(&t, None, 1.0).expect("prepared");
+        assert_eq!(p.block_tokens, 512);
+        assert_eq!(p.requests[0].block_hashes.len(), 2, "1100 tokens = 2 full blocks");
+        assert_eq!(p.requests[0].block_hashes[..], p.requests[1].block_hashes[..]);
+        assert_ne!(p.requests[2].block_hashes[1], p.requests[1].block_hashes[1], "same id, other prefix");
+        assert_eq!(p.requests[1].arrival_us, 10_000);
+    }
+
+    #[test]
+    fn smaller_and_larger_engine_blocks_keep_prefix_identity() {
+        let t = trace(vec![
+            TraceRecord::mooncake(0, 1024, 1, vec![1, 2]),
+            TraceRecord::mooncake(0, 1024, 1, vec![1, 3]),
+        ]);
+        let small = prepare(&t, Some(16), 2.0).expect("prepared");
+        assert_eq!(small.requests[0].block_hashes.len(), 64);
+        assert_eq!(small.requests[0].block_hashes[..32], small.requests[1].block_hashes[..32]);
+        assert_ne!(small.requests[0].block_hashes[32], small.requests[1].block_hashes[32]);
+        let large = prepare(&t, Some(1024), 1.0).expect("prepared");
+        assert_eq!(large.requests[0].block_hashes.len(), 1);
+        assert_ne!(large.requests[0].block_hashes[0], large.requests[1].block_hashes[0]);
+        assert!(prepare(&t, Some(300), 1.0).is_err());
+        assert!(prepare(&t, None, 0.0).is_err());
+    }
+}

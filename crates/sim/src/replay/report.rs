@@ -1,0 +1,216 @@
+//! The replay report: the figures an operator compares policies by, as JSON or as a table.
+
+use serde::{Deserialize, Serialize};
+
+use super::Outcome;
+use crate::engine::EngineModel;
+
+/// One replica's share of the replay.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaReport {
+    /// Replica index.
+    pub replica: u32,
+    /// Requests routed to it.
+    pub requests: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Of those, served from its prefix cache.
+    pub cached_tokens: u64,
+    /// cached / prompt tokens.
+    pub hit_rate: f64,
+    /// Prompt tokens it computed (uncached prefill, recomputation after preemption included).
+    pub prefill_tokens: u64,
+    /// Tokens it generated.
+    pub output_tokens: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// 95th percentile TTFT of its requests, in seconds.
+    pub ttft_p95_s: f64,
+}
+
+/// The replay report. Its JSON has exactly these keys at top level.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplayReport {
+    /// Requests replayed.
+    pub requests: u64,
+    /// Cached prompt tokens / prompt tokens, over the whole fleet.
+    pub hit_rate: f64,
+    /// Time to first token percentiles, in seconds (nearest rank).
+    pub ttft_p50_s: f64,
+    /// 95th percentile.
+    pub ttft_p95_s: f64,
+    /// 99th percentile.
+    pub ttft_p99_s: f64,
+    /// Mean time per output token after the first, over requests with at least two output tokens.
+    pub tpot_mean_s: f64,
+    /// Generated tokens per second from the first arrival to the last completion.
+    pub throughput_tok_s: f64,
+    /// Max over mean of prefill tokens computed per replica (1 = perfectly even).
+    pub imbalance: f64,
+    /// Hit rate of one LRU cache with the fleet's total capacity on the same trace.
+    pub pooled_bound_hit_rate: f64,
+    /// Per replica, in index order.
+    pub per_replica: Vec<ReplicaReport>,
+}
+
+/// Nearest-rank percentile of sorted values (0 for none).
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+pub(super) fn build(
+    outcomes: &[Outcome],
+    engines: &[EngineModel],
+    pooled_bound_hit_rate: f64,
+) -> ReplayReport {
+    let seconds = |us: u64| us as f64 / 1e6;
+    let mut ttfts: Vec<f64> = Vec::with_capacity(outcomes.len());
+    let mut per_replica_ttft: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
+    let (mut prompt, mut cached, mut output) = (0u64, 0u64, 0u64);
+    let (mut tpot_sum, mut tpot_n) = (0.0, 0u64);
+    let mut per: Vec<ReplicaReport> = (0..engines.len())
+        .map(|r| ReplicaReport {
+            replica: r as u32,
+            requests: 0,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            hit_rate: 0.0,
+            prefill_tokens: engines[r].stats().computed_prefill_tokens,
+            output_tokens: 0,
+            preemptions: engines[r].stats().preemptions,
+            ttft_p95_s: 0.0,
+        })
+        .collect();
+    let start = outcomes.iter().map(|o| o.arrival).min().unwrap_or(0);
+    let end = outcomes.iter().filter_map(|o| o.finished).max().unwrap_or(start);
+    for outcome in outcomes {
+        let replica = &mut per[outcome.replica as usize];
+        replica.requests += 1;
+        replica.prompt_tokens += u64::from(outcome.prompt_tokens);
+        replica.cached_tokens += u64::from(outcome.cached_tokens);
+        replica.output_tokens += u64::from(outcome.output_tokens);
+        prompt += u64::from(outcome.prompt_tokens);
+        cached += u64::from(outcome.cached_tokens);
+        output += u64::from(outcome.output_tokens);
+        if let Some(first) = outcome.first_token {
+            let ttft = seconds(first - outcome.arrival);
+            ttfts.push(ttft);
+            per_replica_ttft[outcome.replica as usize].push(ttft);
+            if let Some(done) = outcome.finished
+                && outcome.output_tokens >= 2
+            {
+                tpot_sum += seconds(done - first) / f64::from(outcome.output_tokens - 1);
+                tpot_n += 1;
+            }
+        }
+    }
+    ttfts.sort_by(f64::total_cmp);
+    for (replica, mut samples) in per.iter_mut().zip(per_replica_ttft) {
+        samples.sort_by(f64::total_cmp);
+        replica.ttft_p95_s = percentile(&samples, 95.0);
+        replica.hit_rate = ratio(replica.cached_tokens, replica.prompt_tokens);
+    }
+    let prefill: Vec<u64> = per.iter().map(|r| r.prefill_tokens).collect();
+    let mean = prefill.iter().sum::<u64>() as f64 / prefill.len().max(1) as f64;
+    let imbalance = if mean > 0.0 { *prefill.iter().max().unwrap_or(&0) as f64 / mean } else { 1.0 };
+    let span = seconds(end - start);
+    ReplayReport {
+        requests: outcomes.len() as u64,
+        hit_rate: ratio(cached, prompt),
+        ttft_p50_s: percentile(&ttfts, 50.0),
+        ttft_p95_s: percentile(&ttfts, 95.0),
+        ttft_p99_s: percentile(&ttfts, 99.0),
+        tpot_mean_s: if tpot_n == 0 { 0.0 } else { tpot_sum / tpot_n as f64 },
+        throughput_tok_s: if span > 0.0 { output as f64 / span } else { 0.0 },
+        imbalance,
+        pooled_bound_hit_rate,
+        per_replica: per,
+    }
+}
+
+/// A human-readable report.
+pub fn format_report(report: &ReplayReport) -> String {
+    let mut text = format!(
+        "requests {}\nhit rate {:.3} (pooled bound {:.3}, {:.0}% of it)\nTTFT p50 {:.3} s  p95 {:.3} s  p99 {:.3} s\n\
+         TPOT mean {:.4} s\nthroughput {:.0} tok/s\nimbalance {:.2} (max / mean prefill tokens)\n\n",
+        report.requests,
+        report.hit_rate,
+        report.pooled_bound_hit_rate,
+        if report.pooled_bound_hit_rate > 0.0 {
+            100.0 * report.hit_rate / report.pooled_bound_hit_rate
+        } else {
+            0.0
+        },
+        report.ttft_p50_s,
+        report.ttft_p95_s,
+        report.ttft_p99_s,
+        report.tpot_mean_s,
+        report.throughput_tok_s,
+        report.imbalance,
+    );
+    text.push_str("replica  requests  hit_rate  prefill_tokens  preemptions  ttft_p95_s\n");
+    for r in &report.per_replica {
+        text.push_str(&format!(
+            "{:>7}  {:>8}  {:>8.3}  {:>14}  {:>11}  {:>10.3}\n",
+            r.replica, r.requests, r.hit_rate, r.prefill_tokens, r.preemptions, r.ttft_p95_s
+        ));
+    }
+    text
+}
+
+/// Several policies' reports side by side, one row each.
+pub fn format_comparison(rows: &[(String, ReplayReport)]) -> String {
+    let mut text = format!(
+        "{:<20} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9}\n",
+        "policy",
+        "hit",
+        "bound",
+        "of_bound",
+        "ttft_p50",
+        "ttft_p95",
+        "ttft_p99",
+        "tpot",
+        "tok/s",
+        "imbalance"
+    );
+    for (name, r) in rows {
+        let of_bound = if r.pooled_bound_hit_rate > 0.0 { r.hit_rate / r.pooled_bound_hit_rate } else { 0.0 };
+        text.push_str(&format!(
+            "{:<20} {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>9.3} {:>9.3} {:>9.4} {:>10.0} {:>9.2}\n",
+            name,
+            r.hit_rate,
+            r.pooled_bound_hit_rate,
+            of_bound,
+            r.ttft_p50_s,
+            r.ttft_p95_s,
+            r.ttft_p99_s,
+            r.tpot_mean_s,
+            r.throughput_tok_s,
+            r.imbalance
+        ));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let values: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&values, 50.0), 50.0);
+        assert_eq!(percentile(&values, 95.0), 95.0);
+        assert_eq!(percentile(&values, 99.0), 99.0);
+        assert_eq!(percentile(&[3.0], 99.0), 3.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+}

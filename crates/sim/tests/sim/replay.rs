@@ -1,0 +1,265 @@
+//! What-if replay: exact hits on a hand-computed trace, the pooled bound against brute force, determinism,
+//! progress and cancellation, and the `replay` / `gen` / `compare` commands as real processes.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use fleet_policy::PolicySpec;
+use fleet_sim::replay::pooled::pooled_cached_tokens;
+use fleet_sim::replay::{self, PreparedRequest, PreparedTrace, ReplayConfig, ReplayControl, ReplayError};
+use fleet_sim::workload::{GenConfig, generate};
+use fleet_trace::{Trace, TraceRecord};
+use proptest::prelude::*;
+
+fn tiny_trace() -> Trace {
+    // 512-token blocks (Mooncake). Arrivals 10 s apart, so every request has finished before the next.
+    Trace::from_records(vec![
+        TraceRecord::mooncake(0, 1025, 2, vec![1, 2, 3]), // 2 full blocks, nothing cached
+        TraceRecord::mooncake(10_000, 1025, 2, vec![1, 2, 4]), // shares blocks 1, 2
+        TraceRecord::mooncake(20_000, 1024, 2, vec![1, 2]), // a full hit is capped at 1023 tokens: 1 block
+        TraceRecord::mooncake(30_000, 1024, 2, vec![5, 2]), // same id 2, other prefix: no hit
+    ])
+    .expect("valid")
+}
+
+#[test]
+fn a_hand_computed_tiny_trace_gives_the_exact_hits() {
+    let prepared = replay::prepare(&tiny_trace(), None, 1.0).expect("prepared");
+    let prompt_tokens = 1025 + 1025 + 1024 + 1024;
+    // One replica: requests 2 and 3 hit 1024 and 512 tokens.
+    let one = replay::replay(
+        &prepared,
+        &ReplayConfig::new(1, PolicySpec::named("round_robin")),
+        ReplayControl::default(),
+    )
+    .expect("replayed");
+    assert_eq!(one.requests, 4);
+    assert_eq!(one.hit_rate, f64::from(1024 + 512) / f64::from(prompt_tokens));
+    assert_eq!(one.per_replica[0].cached_tokens, 1536);
+    assert_eq!(one.per_replica[0].prefill_tokens, prompt_tokens as u64 - 1536);
+    // Two replicas in turn: requests 0, 2 on r0 and 1, 3 on r1, so only request 2 hits (512 tokens).
+    let two = replay::replay(
+        &prepared,
+        &ReplayConfig::new(2, PolicySpec::named("round_robin")),
+        ReplayControl::default(),
+    )
+    .expect("replayed");
+    assert_eq!(two.hit_rate, 512.0 / f64::from(prompt_tokens));
+    assert_eq!(
+        two.per_replica.iter().map(|r| (r.requests, r.cached_tokens)).collect::<Vec<_>>(),
+        vec![(2, 512), (2, 0)]
+    );
+    // kv_precise follows the KV events: request 1 goes where blocks 1, 2 are, as does request 2.
+    let precise = replay::replay(
+        &prepared,
+        &ReplayConfig::new(2, PolicySpec::named("kv_precise")),
+        ReplayControl::default(),
+    )
+    .expect("replayed");
+    assert_eq!(precise.hit_rate, one.hit_rate);
+    // The pooled bound of a big cache equals the single replica here.
+    assert_eq!(one.pooled_bound_hit_rate, one.hit_rate);
+    assert!(one.ttft_p50_s > 0.0 && one.ttft_p50_s <= one.ttft_p99_s);
+}
+
+/// The pooled bound by brute force: an ordered list, least recently used first.
+fn brute_force_pooled(trace: &PreparedTrace, capacity: usize) -> Vec<u64> {
+    let mut lru: Vec<u64> = Vec::new();
+    let block = u64::from(trace.block_tokens);
+    trace
+        .requests
+        .iter()
+        .map(|request| {
+            let cap = ((u64::from(request.prompt_tokens) - 1) / block) as usize;
+            let matched =
+                request.block_hashes.iter().take(cap).take_while(|h| lru.contains(h)).count() as u64;
+            for hash in request.block_hashes.iter().rev() {
+                lru.retain(|h| h != hash);
+                lru.push(*hash);
+                if lru.len() > capacity {
+                    lru.remove(0);
+                }
+            }
+            matched * block
+        })
+        .collect()
+}
+
+fn prepared_of(prompts: &[Vec<u64>]) -> PreparedTrace {
+    let requests = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, ids)| {
+            // Chain the ids as prepare does, so equal ids at the same position mean equal prefixes.
+            let hashes = fleet_policy::chain_block_ids(ids);
+            PreparedRequest {
+                arrival_us: i as u64 * 1000,
+                prompt_tokens: ids.len() as u32 * 16 + 3,
+                output_tokens: 4,
+                block_hashes: Arc::from(hashes),
+                session: None,
+            }
+        })
+        .collect();
+    PreparedTrace { requests, block_tokens: 16, trace_block_tokens: 16 }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn the_pooled_bound_matches_a_brute_force_lru(
+        prompts in prop::collection::vec(prop::collection::vec(0u64..4, 1..8), 1..40),
+        capacity in 1usize..24,
+    ) {
+        let trace = prepared_of(&prompts);
+        prop_assert_eq!(pooled_cached_tokens(&trace, capacity as u64), brute_force_pooled(&trace, capacity));
+    }
+}
+
+fn generated(requests: usize) -> Trace {
+    Trace::from_records(generate(&GenConfig { requests, ..GenConfig::default() }).expect("valid"))
+        .expect("valid")
+}
+
+#[test]
+fn the_same_seed_gives_the_same_report_and_policies_differ() {
+    let prepared = replay::prepare(&generated(1500), None, 2.0).expect("prepared");
+    for policy in ["random", "power_of_two", "kv_precise"] {
+        let config = ReplayConfig { seed: 11, ..ReplayConfig::new(4, PolicySpec::named(policy)) };
+        let a = replay::replay(&prepared, &config, ReplayControl::default()).expect("replayed");
+        let b = replay::replay(&prepared, &config, ReplayControl::default()).expect("replayed");
+        assert_eq!(
+            serde_json::to_string(&a).expect("json"),
+            serde_json::to_string(&b).expect("json"),
+            "{policy}"
+        );
+    }
+    let reports = replay::compare(
+        &prepared,
+        &ReplayConfig::new(4, PolicySpec::default()),
+        &[PolicySpec::named("round_robin"), PolicySpec::named("cache_aware_approx")],
+        2,
+        None,
+    );
+    let hits: Vec<f64> = reports.into_iter().map(|r| r.expect("replayed").hit_rate).collect();
+    assert!(hits[1] > hits[0], "prefix affinity beats round robin on a prefix-heavy workload: {hits:?}");
+}
+
+#[test]
+fn progress_is_reported_and_cancellation_stops_the_replay() {
+    let prepared = replay::prepare(&generated(800), None, 1.0).expect("prepared");
+    let config = ReplayConfig::new(4, PolicySpec::named("least_load"));
+    let calls = AtomicUsize::new(0);
+    let last = std::sync::Mutex::new(None);
+    let progress = |p: replay::Progress| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        *last.lock().expect("lock") = Some(p);
+    };
+    replay::replay(&prepared, &config, ReplayControl { progress: Some(&progress), cancel: None })
+        .expect("replayed");
+    assert!(calls.load(Ordering::Relaxed) >= 100);
+    let done = last.lock().expect("lock").expect("reported");
+    assert_eq!((done.routed, done.total), (800, 800));
+    let cancel = AtomicBool::new(false);
+    let cancel_at_half = |p: replay::Progress| {
+        if p.routed >= 400 {
+            cancel.store(true, Ordering::Relaxed);
+        }
+    };
+    let result = replay::replay(
+        &prepared,
+        &config,
+        ReplayControl { progress: Some(&cancel_at_half), cancel: Some(&cancel) },
+    );
+    assert!(matches!(result, Err(ReplayError::Cancelled)), "{result:?}");
+}
+
+#[test]
+fn impossible_settings_are_named() {
+    let prepared = replay::prepare(&tiny_trace(), None, 1.0).expect("prepared");
+    let config =
+        ReplayConfig { capacity_blocks: Some(2), ..ReplayConfig::new(1, PolicySpec::named("round_robin")) };
+    let err = replay::replay(&prepared, &config, ReplayControl::default()).expect_err("too small");
+    assert!(err.to_string().contains("--capacity-blocks"), "{err}");
+    let err = replay::prepare(&tiny_trace(), Some(100), 1.0).expect_err("block size");
+    assert!(err.to_string().contains("block_tokens"), "{err}");
+}
+
+fn fleet_sim(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fleet-sim")).args(args).output().expect("fleet-sim runs")
+}
+
+#[test]
+fn the_commands_generate_replay_and_compare_a_trace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("gen.jsonl");
+    let trace_arg = trace.to_str().expect("utf-8");
+    let out = fleet_sim(&["gen", "--out", trace_arg, "--requests", "600", "--seed", "3", "--bursty", "4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&trace).expect("written");
+    assert_eq!(text.lines().count(), 600);
+    fleet_trace::read_trace(text.as_bytes()).expect("a valid Mooncake trace");
+
+    let out =
+        fleet_sim(&["replay", "--trace", trace_arg, "--replicas", "4", "--policy", "kv_precise", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let keys: BTreeSet<&str> = report.as_object().expect("object").keys().map(String::as_str).collect();
+    let expected: BTreeSet<&str> = [
+        "requests",
+        "hit_rate",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "ttft_p99_s",
+        "tpot_mean_s",
+        "throughput_tok_s",
+        "imbalance",
+        "pooled_bound_hit_rate",
+        "per_replica",
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(keys, expected);
+    assert_eq!(report["requests"], 600);
+    assert_eq!(report["per_replica"].as_array().expect("array").len(), 4);
+
+    let policy_file = dir.path().join("policy.yaml");
+    std::fs::write(&policy_file, "policy: consistent_hash\nparams: {load_factor: 1.5}\n").expect("written");
+    let out = fleet_sim(&[
+        "replay",
+        "--trace",
+        trace_arg,
+        "--replicas",
+        "2",
+        "--policy-file",
+        policy_file.to_str().expect("utf-8"),
+        "--capacity-blocks",
+        "400",
+        "--block-tokens",
+        "256",
+        "--speedup",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pooled bound"));
+
+    let out = fleet_sim(&[
+        "compare",
+        "--trace",
+        trace_arg,
+        "--replicas",
+        "4",
+        "--policies",
+        "round_robin,kv_precise",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(reports["round_robin"]["hit_rate"].is_number() && reports["kv_precise"]["hit_rate"].is_number());
+
+    let out = fleet_sim(&["replay", "--trace", trace_arg, "--policy", "no_such_policy"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_policy"));
+}
