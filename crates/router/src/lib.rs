@@ -1,13 +1,164 @@
-//! fleet-router: an OpenAI-compatible proxy in front of a fleet of LLM replicas.
+//! fleet-router: an OpenAI-compatible data plane that applies Fleetdeck's routing policy to a fleet of
+//! LLM replicas, takes pushed policy live, and records its traffic.
 //!
-//! - [`upstream`]: the replica set, read on the hot path from an atomically swapped snapshot.
-//! - [`proxy`]: the HTTP server: picks a replica, forwards the request, streams the answer
-//!   back unbuffered.
+//! - [`config`]: [`RouterConfig`] and replica specs (`URL[,model=NAME][,kv=tcp://HOST:PORT]`).
+//! - [`routing_key`]: a request's model, prompt blocks and session key (pure).
+//! - [`state`]: replicas grouped by model, one `fleet_policy::Engine` per group, policy versions, health.
+//! - [`proxy`]: the OpenAI routes: pick, retries before the first byte, unbuffered streaming.
+//! - [`admin`]: the token-checked admin API; [`metrics`]: `/metrics`; [`recording`]: the trace ring and file.
+//! - [`health`]: hysteresis over probes and request outcomes; [`kv_events`]: KV-event subscription.
+//! - `tls` (build feature `tls`): HTTPS with rustls; `tokenizer` (build feature): Hugging Face tokenizers.
 //!
-//! The router knows replicas only by base URL; it does not scrape metrics (the app does)
-//! and does not persist anything.
+//! # Embedding
+//!
+//! ```no_run
+//! # async fn demo(listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+//! let config = fleet_router::RouterConfig {
+//!     replicas: vec!["http://127.0.0.1:8100".into(), "http://127.0.0.1:8101,model=m".into()],
+//!     admin_token: Some("secret".into()),
+//!     ..Default::default()
+//! };
+//! fleet_router::serve(listener, config, async { /* shutdown signal */ }).await
+//! # }
+//! ```
+//!
+//! [`serve`] runs until the shutdown future resolves. [`start`] does the same setup and returns the shared
+//! [`RouterState`] and the server task, for callers that want to look inside.
 
+pub mod admin;
+pub mod config;
+pub mod health;
+pub mod kv_events;
+pub mod metrics;
 pub mod proxy;
-pub mod upstream;
+pub mod recording;
+pub mod routing_key;
+pub mod state;
+#[cfg(feature = "tls")]
+pub mod tls;
 
-pub use proxy::{RouterConfig, serve};
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+pub use config::{ConfigError, HealthConfig, RecordConfig, ReplicaSpec, RouterConfig, TlsConfig};
+pub use routing_key::Tokenize;
+pub use state::RouterState;
+
+/// Serves the router on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    config: RouterConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (_state, server) = start(listener, config, shutdown).await?;
+    server.await.context("the router task panicked")?
+}
+
+/// Sets the router up (tokenizer loaded, replicas added, probes running) and spawns its server; returns the
+/// shared state and the server task.
+pub async fn start(
+    listener: TcpListener,
+    config: RouterConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<(Arc<RouterState>, JoinHandle<anyhow::Result<()>>)> {
+    config.validate()?;
+    let specs = config.replica_specs()?;
+    let tokenizer = load_tokenizer(config.tokenizer.as_deref())?;
+    let state = RouterState::new(config, tokenizer)?;
+    for spec in specs {
+        state.add_replica(spec).await.map_err(|error| anyhow::anyhow!("{error}"))?;
+    }
+    tokio::spawn(state::probe_loop(state.clone()));
+    let app = app(state.clone());
+    let stop = state.shutdown.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stop.cancel();
+    };
+    let server = match &state.config.tls {
+        None => tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .context("the router's server failed")
+        }),
+        #[cfg(feature = "tls")]
+        Some(tls) => {
+            let listener = tls::TlsListener::new(listener, tls::server_config(&tls.cert, &tls.key)?)?;
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+                    .context("the router's server failed")
+            })
+        }
+        #[cfg(not(feature = "tls"))]
+        Some(_) => anyhow::bail!(
+            "this fleet-router was built without the `tls` feature; rebuild with --features tls"
+        ),
+    };
+    Ok((state, server))
+}
+
+/// Loads a Hugging Face `tokenizer.json` (build feature `tokenizer`); `None` without a path.
+pub fn load_tokenizer(path: Option<&std::path::Path>) -> anyhow::Result<Option<Arc<dyn Tokenize>>> {
+    let Some(path) = path else { return Ok(None) };
+    #[cfg(feature = "tokenizer")]
+    {
+        Ok(Some(Arc::new(routing_key::HfTokenizer::from_file(path)?)))
+    }
+    #[cfg(not(feature = "tokenizer"))]
+    {
+        anyhow::bail!(
+            "cannot use --tokenizer {}: this fleet-router was built without the `tokenizer` feature; rebuild with --features tokenizer",
+            path.display()
+        )
+    }
+}
+
+/// The router's routes over `state`.
+pub fn app(state: Arc<RouterState>) -> Router {
+    let max_body = state.config.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state.clone())
+        .merge(admin::routes(state))
+}
+
+async fn chat(State(state): State<Arc<RouterState>>, headers: HeaderMap, body: Bytes) -> Response {
+    proxy::forward(state, routing_key::Route::Chat, "/v1/chat/completions", headers, body).await
+}
+
+async fn completions(State(state): State<Arc<RouterState>>, headers: HeaderMap, body: Bytes) -> Response {
+    proxy::forward(state, routing_key::Route::Completions, "/v1/completions", headers, body).await
+}
+
+async fn models(State(state): State<Arc<RouterState>>) -> Response {
+    proxy::list_models(&state).await
+}
+
+async fn metrics(State(state): State<Arc<RouterState>>) -> Response {
+    let policy = state.policy.load_full();
+    let text = state.metrics.render(
+        policy.name,
+        policy.version,
+        &state.replica_gauges(),
+        state.recorder.recorded.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}

@@ -1,42 +1,143 @@
-//! The `fleet-router` command: an OpenAI-compatible streaming proxy over a set of replicas.
+//! The `fleet-router` command: the OpenAI-compatible data plane over a fleet of replicas.
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use fleet_router::RouterConfig;
+use fleet_policy::PolicySpec;
+use fleet_router::{RecordConfig, RouterConfig};
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
-#[command(name = "fleet-router", version, about = "OpenAI-compatible streaming router for LLM replicas")]
+#[command(
+    name = "fleet-router",
+    version,
+    about = "OpenAI-compatible, cache-aware streaming router for LLM replicas"
+)]
 struct Cli {
-    /// Address to listen on. Loopback by default; bind 0.0.0.0 only behind a firewall.
+    /// Address to listen on. Loopback by default; bind 0.0.0.0 only behind a firewall (and with --tls-*).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
-    /// Base URL of a replica (repeat for each), e.g. http://127.0.0.1:8100.
-    #[arg(long = "replica", required = true)]
+    /// A replica: URL[,model=NAME][,kv=tcp://HOST:PORT][,kv_replay=tcp://HOST:PORT] (repeat for each).
+    #[arg(long = "replica")]
     replicas: Vec<String>,
+    /// Policy spec (YAML or JSON, see fleet-policy's README); round_robin without it.
+    #[arg(long)]
+    policy_file: Option<PathBuf>,
+    /// File holding the admin API's bearer token (else FLEET_ROUTER_ADMIN_TOKEN; without either the admin API is off).
+    #[arg(long)]
+    admin_token_file: Option<PathBuf>,
+    /// Append every request's trace record (hashes and counts, never text) to this file, rotated by size.
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Size at which the --record file rotates.
+    #[arg(long, default_value_t = 64 << 20)]
+    record_max_bytes: u64,
+    /// Rotated --record files kept.
+    #[arg(long, default_value_t = 4)]
+    record_keep: usize,
+    /// Hugging Face tokenizer.json for token-exact prompt blocks (needs the `tokenizer` build feature).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Replicas without kv= publish KV events on their HTTP port plus this offset (vLLM --kv-events-config).
+    #[arg(long)]
+    kv_events_port_offset: Option<u16>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 16 << 20)]
+    max_body_bytes: usize,
+    /// Time allowed to connect to a replica, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    connect_timeout_ms: u64,
+    /// Longest silence tolerated from a replica mid-answer, in seconds.
+    #[arg(long, default_value_t = 120)]
+    read_timeout_s: u64,
+    /// Health probe interval, in milliseconds.
+    #[arg(long, default_value_t = 400)]
+    health_interval_ms: u64,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key; needs the `tls` build feature).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Replicas tried per request on connect failures or 5xx before the first byte.
+    #[arg(long, default_value_t = 3)]
+    max_attempts: usize,
+}
+
+fn read_token(cli: &Cli) -> Result<Option<String>> {
+    if let Some(path) = &cli.admin_token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --admin-token-file {}", path.display()))?;
+        let token = token.trim().to_owned();
+        anyhow::ensure!(
+            !token.is_empty(),
+            "--admin-token-file {} is empty; put the token in it",
+            path.display()
+        );
+        return Ok(Some(token));
+    }
+    Ok(std::env::var("FLEET_ROUTER_ADMIN_TOKEN")
+        .ok()
+        .map(|token| token.trim().to_owned())
+        .filter(|t| !t.is_empty()))
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let cli = Cli::parse();
-    for replica in &cli.replicas {
-        anyhow::ensure!(
-            replica.starts_with("http://") || replica.starts_with("https://"),
-            "--replica {replica:?} is not an http(s) URL; write it like http://127.0.0.1:8100"
-        );
-    }
+    let policy = match &cli.policy_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --policy-file {}", path.display()))?;
+            text.parse::<PolicySpec>()
+                .with_context(|| format!("--policy-file {} is not a valid policy", path.display()))?
+        }
+        None => PolicySpec::default(),
+    };
+    let admin_token = read_token(&cli)?;
+    let config = RouterConfig {
+        replicas: cli.replicas.clone(),
+        policy,
+        admin_token,
+        connect_timeout: Duration::from_millis(cli.connect_timeout_ms),
+        read_timeout: Duration::from_secs(cli.read_timeout_s),
+        max_body_bytes: cli.max_body_bytes,
+        max_attempts: cli.max_attempts,
+        health: fleet_router::HealthConfig {
+            interval: Duration::from_millis(cli.health_interval_ms),
+            ..Default::default()
+        },
+        record: RecordConfig {
+            file: cli.record.clone(),
+            max_file_bytes: cli.record_max_bytes,
+            keep_files: cli.record_keep,
+            ..RecordConfig::default()
+        },
+        kv_events_port_offset: cli.kv_events_port_offset,
+        tokenizer: cli.tokenizer.clone(),
+        tls: cli
+            .tls_cert
+            .clone()
+            .zip(cli.tls_key.clone())
+            .map(|(cert, key)| fleet_router::TlsConfig { cert, key }),
+        ..RouterConfig::default()
+    };
+    config.validate().context("invalid fleet-router options")?;
     let listener = TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("cannot listen on {}; pick another --listen address", cli.listen))?;
-    println!(
-        "fleet-router listening on http://{} over {} replicas",
-        listener.local_addr()?,
-        cli.replicas.len()
-    );
-    let config = RouterConfig { replicas: cli.replicas, ..RouterConfig::default() };
-    fleet_router::serve(listener, config, async {
+    let addr = listener.local_addr()?;
+    let admin = if config.admin_token.is_some() { "admin API on" } else { "admin API off" };
+    let replicas = config.replicas.len();
+    let config_tls = config.tls.is_some();
+    let (_state, server) = fleet_router::start(listener, config, async {
         let _ = tokio::signal::ctrl_c().await;
     })
-    .await
+    .await?;
+    let scheme = if config_tls { "https" } else { "http" };
+    println!("fleet-router listening on {scheme}://{addr} over {replicas} replicas ({admin})");
+    server.await.context("the router task panicked")?
 }

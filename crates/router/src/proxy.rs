@@ -1,177 +1,572 @@
-//! The proxy server: OpenAI routes in, one replica picked, the answer streamed back.
+//! The data plane: OpenAI routes in, the policy's pick, the answer streamed back unbuffered.
 //!
-//! Bodies of requests are read whole (they are small and the policy needs the prompt);
-//! bodies of responses are never buffered: each upstream chunk is written to the client as
-//! it arrives, so SSE tokens keep their timing. A replica that cannot be reached before it
-//! answers is skipped for the next one; a stream that breaks after it started ends with an
-//! SSE error event, so a client never hangs on a dead replica.
+//! A request is keyed ([`crate::routing_key`]), its model picks a group, and the group's engine routes it
+//! (one short lock). The pick is tried first; a connect failure, a 5xx, or an error before the first body
+//! byte moves on to another healthy replica of the group (least outstanding first), up to
+//! `max_attempts`. Nothing is sent to the client until the chosen replica produced its first body chunk, so
+//! a request that had not started streaming is never lost to a failing replica. After that, chunks are
+//! relayed as they arrive; a replica dying mid-stream ends an SSE stream with an error event (`data:
+//! {"error": ...}`), never a hang (every read has the configured read timeout). When the response ends
+//! (or the client goes away) a guard completes the request in the engine, counts it and records it.
 
-use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Instant;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use futures_util::{StreamExt, stream};
+use fleet_policy::{Branch, CandidateExplanation, Decision, Engine, PickError, ReplicaId, RequestView};
+use fleet_trace::TraceRecord;
+use futures_util::{Stream, StreamExt};
 use serde_json::json;
-use tokio::net::TcpListener;
 
-use crate::upstream::{Balancer, Upstreams};
+use crate::metrics::branch_label;
+use crate::routing_key::{Route, RoutingInput, routing_input, session_hash};
+use crate::state::{DecisionRecord, FleetView, Group, Replica, RouterState, lock, unix_ms};
 
 /// Response header naming the replica that served a request (for operators and tests).
 pub const REPLICA_HEADER: &str = "x-fleet-replica";
+/// Response header naming the policy branch that decided.
+pub const BRANCH_HEADER: &str = "x-fleet-branch";
+/// Response header with the policy version that decided.
+pub const POLICY_VERSION_HEADER: &str = "x-fleet-policy-version";
+/// Request header carrying a session key (wins over the body's `user`).
+pub const SESSION_HEADER: &str = "x-session-id";
 
-/// How the router is set up.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RouterConfig {
-    /// Replica base URLs.
-    pub replicas: Vec<String>,
-    /// Time allowed to open a connection to a replica before trying the next one.
-    pub connect_timeout: Duration,
-    /// Longest silence tolerated from a replica while reading its answer.
-    pub read_timeout: Duration,
-    /// Largest request body accepted.
-    pub max_body_bytes: usize,
-}
+type UpstreamStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
-impl Default for RouterConfig {
-    fn default() -> Self {
-        Self {
-            replicas: Vec::new(),
-            connect_timeout: Duration::from_secs(2),
-            read_timeout: Duration::from_secs(120),
-            max_body_bytes: 16 * 1024 * 1024,
+/// Reads a response body up to `limit` bytes.
+pub async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|error| error.to_string())?;
+        if body.len() + chunk.len() > limit {
+            return Err(format!("the body is larger than {limit} bytes"));
         }
+        body.extend_from_slice(&chunk);
     }
+    Ok(body)
 }
 
-/// Shared state of the proxy handlers.
-#[derive(Debug)]
-pub struct Proxy {
-    balancer: Balancer,
-    client: reqwest::Client,
+/// An OpenAI-shaped error response.
+pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}});
+    (status, axum::Json(body)).into_response()
 }
 
-impl Proxy {
-    pub fn new(config: &RouterConfig) -> reqwest::Result<Arc<Self>> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .read_timeout(config.read_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build()?;
-        Ok(Arc::new(Self { balancer: Balancer::new(Upstreams::new(config.replicas.clone())), client }))
-    }
-
-    pub fn balancer(&self) -> &Balancer {
-        &self.balancer
-    }
+/// `GET /v1/models`: the models of every group.
+pub async fn list_models(state: &RouterState) -> Response {
+    let fleet = state.fleet.load();
+    let data: Vec<serde_json::Value> = fleet
+        .models()
+        .into_iter()
+        .map(|model| json!({"id": model, "object": "model", "created": 0, "owned_by": "fleet-router"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// Serves the proxy on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    config: RouterConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let proxy = Proxy::new(&config)?;
-    axum::serve(listener, app(proxy, config.max_body_bytes)).with_graceful_shutdown(shutdown).await?;
-    Ok(())
+/// An attempt that got an answer other than a 5xx, and its first body chunk (or an empty body): the
+/// request commits to it (a 4xx is passed on as it is, without retry).
+struct Committed {
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    first: Option<Bytes>,
+    rest: UpstreamStream,
 }
 
-/// The router's routes.
-pub fn app(proxy: Arc<Proxy>, max_body_bytes: usize) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(forward_chat))
-        .route("/v1/completions", post(forward_completions))
-        .route("/v1/models", get(forward_models))
-        .route("/health", get(|| async { StatusCode::OK }))
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(proxy)
-}
+/// Proxies one OpenAI request.
+pub async fn forward(
+    state: Arc<RouterState>,
+    route: Route,
+    path: &'static str,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let policy = state.policy.load();
+    let session = headers.get(SESSION_HEADER).and_then(|value| value.to_str().ok());
+    let input = match routing_input(route, &body, session, policy.hashing, state.tokenizer.as_deref()) {
+        Ok(input) => input,
+        Err(error) => {
+            return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", &error.to_string());
+        }
+    };
+    drop(policy);
+    let fleet = state.fleet.load_full();
+    let group = match fleet.group_for(input.model.as_deref()) {
+        Ok(group) => group.clone(),
+        Err(error @ crate::state::GroupError::UnknownModel { .. }) => {
+            return openai_error(StatusCode::NOT_FOUND, "model_not_found", &error.to_string());
+        }
+        Err(error @ crate::state::GroupError::ModelRequired { .. }) => {
+            return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", &error.to_string());
+        }
+        Err(error) => {
+            return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
+        }
+    };
+    let request_id = state.next_request_id();
+    let arrival_ms = unix_ms();
+    let started = Instant::now();
 
-async fn forward_chat(State(proxy): State<Arc<Proxy>>, headers: HeaderMap, body: Bytes) -> Response {
-    forward(&proxy, Method::POST, "/v1/chat/completions", &headers, body).await
-}
+    let picked = {
+        let mut engine = lock(&group.engine);
+        let now = state.now_ms();
+        let engine = &mut *engine;
+        let version = engine.version;
+        match engine.engine.route(request_id, &input.view, now, &mut engine.rng) {
+            Err(PickError::NoHealthyReplica { .. }) => {
+                panic_route(&mut engine.engine, request_id, &input.view, now)
+            }
+            other => other,
+        }
+        .map(|decision| (decision, version))
+    };
+    let pick_latency = started.elapsed();
+    let (decision, policy_version) = match picked {
+        Ok(picked) => picked,
+        Err(error @ (PickError::NoHealthyReplica { .. } | PickError::NoReplicas)) => {
+            return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
+        }
+        Err(error) => {
+            return openai_error(StatusCode::INTERNAL_SERVER_ERROR, "router_error", &error.to_string());
+        }
+    };
+    let matched = decision.chosen().and_then(|chosen| chosen.matched_blocks).unwrap_or(0);
+    state.metrics.count_pick(pick_latency, decision.branch, decision.prompt_blocks, matched);
 
-async fn forward_completions(State(proxy): State<Arc<Proxy>>, headers: HeaderMap, body: Bytes) -> Response {
-    forward(&proxy, Method::POST, "/v1/completions", &headers, body).await
-}
-
-async fn forward_models(State(proxy): State<Arc<Proxy>>, headers: HeaderMap) -> Response {
-    forward(&proxy, Method::GET, "/v1/models", &headers, Bytes::new()).await
-}
-
-/// Tries the planned replicas in order until one answers, then streams its response.
-async fn forward(proxy: &Proxy, method: Method, path: &str, headers: &HeaderMap, body: Bytes) -> Response {
-    let snapshot = proxy.balancer.snapshot();
-    let plan = proxy.balancer.plan(&snapshot);
-    if plan.is_empty() {
-        return openai_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the router has no replicas configured; add one with --replica URL",
-        );
-    }
+    let mut ticket = Ticket {
+        state: state.clone(),
+        group: group.clone(),
+        request_id,
+        replica: None,
+        view: input.view.clone(),
+        in_engine: true,
+    };
+    let mut tried: Vec<ReplicaId> = Vec::new();
+    let mut current = decision.replica;
     let mut last_error = String::new();
-    for index in plan {
-        let replica = &snapshot.replicas[index];
-        let mut request = proxy.client.request(method.clone(), format!("{replica}{path}")).body(body.clone());
-        for name in [header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT] {
-            if let Some(value) = headers.get(&name) {
-                request = request.header(name, value);
+    let attempts = state.config.max_attempts;
+    for attempt in 0..attempts {
+        let Some(replica) = fleet.replica(current).cloned() else {
+            last_error = format!("replica {current} left the fleet");
+            break;
+        };
+        tried.push(current);
+        ticket.replica = Some(replica.clone());
+        replica.routed_total.fetch_add(1, Ordering::Relaxed);
+        match attempt_once(&state, &replica, &Method::POST, path, &headers, body.clone()).await {
+            Ok(Committed { status, content_type, first, rest }) => {
+                if status.is_success() {
+                    state.observe_health(&replica, true);
+                }
+                ticket.first_token();
+                let ttft_ms = started.elapsed().as_secs_f64() * 1e3;
+                let attempts_urls = if tried.len() > 1 {
+                    tried.iter().filter_map(|id| fleet.replica(*id).map(|r| r.spec.url.clone())).collect()
+                } else {
+                    Vec::new()
+                };
+                let first_block = input.view.block_hashes.first().copied();
+                let trace = trace_record(&input, arrival_ms, &replica, &decision, policy_version, ttft_ms);
+                state.remember_decision(
+                    DecisionRecord {
+                        ts_ms: arrival_ms,
+                        request_id,
+                        model: input.model.clone(),
+                        replica: replica.spec.url.clone(),
+                        policy: decision.policy.clone(),
+                        policy_version,
+                        decision: decision.clone(),
+                        attempts: attempts_urls,
+                    },
+                    first_block,
+                    replica.id,
+                );
+                return relay(
+                    ticket,
+                    replica,
+                    status,
+                    content_type,
+                    first,
+                    rest,
+                    trace,
+                    &decision,
+                    policy_version,
+                );
             }
-        }
-        match request.send().await {
-            Ok(upstream) if upstream.status().is_server_error() => {
-                last_error = format!("{replica} answered {}", upstream.status());
-            }
-            Ok(upstream) => return relay(replica, upstream),
             Err(error) => {
-                last_error = format!("{replica} unreachable: {error}");
-                tracing::warn!(replica, %error, "replica unreachable, trying the next one");
+                last_error = error;
+                replica.errors_total.fetch_add(1, Ordering::Relaxed);
+                state.observe_health(&replica, false);
+                state.metrics.count_request(&replica.spec.url, 502);
+                tracing::warn!(replica = %replica.spec.url, error = %last_error, "attempt failed before the first byte");
             }
         }
+        if attempt + 1 == attempts {
+            break;
+        }
+        let Some(next) = next_replica(&fleet, &decision, &tried) else { break };
+        if !ticket.move_to(next) {
+            break;
+        }
+        state.metrics.retries.fetch_add(1, Ordering::Relaxed);
+        current = next;
     }
     openai_error(
         StatusCode::BAD_GATEWAY,
-        &format!("no replica could serve the request; last error: {last_error}"),
+        "upstream_error",
+        &format!(
+            "no replica could serve the request after {} attempt(s); last error: {last_error}",
+            tried.len()
+        ),
     )
 }
 
-/// Streams an upstream response to the client chunk by chunk.
-fn relay(replica: &str, upstream: reqwest::Response) -> Response {
-    let status = upstream.status();
-    let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
-    let is_sse = content_type.as_ref().is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    let upstream_stream = upstream.bytes_stream();
-    // After an upstream error, emit one error event (for SSE) and end the stream.
-    let body = stream::unfold(Some(upstream_stream), move |state| async move {
-        let mut upstream_stream = state?;
-        match upstream_stream.next().await {
-            Some(Ok(chunk)) => Some((Ok::<Bytes, std::io::Error>(chunk), Some(upstream_stream))),
-            Some(Err(error)) if is_sse => {
-                let event = json!({"error": {"message": format!("replica stream failed: {error}"), "type": "upstream_error"}});
-                Some((Ok(Bytes::from(format!("data: {event}\n\n"))), None))
-            }
-            Some(Err(error)) => Some((Err(std::io::Error::other(error)), None)),
-            None => None,
+/// Every replica of the group is marked unhealthy: rather than fail everything (health checks can be wrong,
+/// for example when probes time out under overload), try the least loaded one anyway, as Envoy's panic
+/// threshold does. A dead replica costs a fast connect failure; a live one serves.
+fn panic_route(
+    engine: &mut Engine,
+    request_id: u64,
+    view: &RequestView,
+    now: u64,
+) -> Result<Decision, PickError> {
+    let statuses: Vec<_> = engine.replicas().into_iter().filter_map(|id| engine.replica_status(id)).collect();
+    let chosen =
+        statuses.iter().min_by_key(|status| status.outstanding).ok_or(PickError::NoReplicas)?.replica;
+    engine.on_routed(request_id, chosen, view, now).map_err(|_| PickError::DuplicateRequest(request_id))?;
+    let candidates = statuses
+        .iter()
+        .map(|status| CandidateExplanation {
+            replica: status.replica,
+            healthy: status.healthy,
+            eligible: true,
+            outstanding: status.outstanding,
+            prefill_tokens: status.prefill_tokens,
+            load: Some(status.outstanding as f64),
+            matched_blocks: None,
+            score: None,
+            cost: None,
+            chosen: status.replica == chosen,
+            note: Some("panic routing: every replica is marked unhealthy".to_owned()),
+        })
+        .collect();
+    Ok(Decision {
+        replica: chosen,
+        policy: engine.policy().name().to_owned(),
+        branch: Branch::Fallback,
+        reason: "every replica is marked unhealthy, so the least loaded one is tried anyway (panic routing)"
+            .to_owned(),
+        prompt_blocks: u32::try_from(view.block_hashes.len()).unwrap_or(u32::MAX),
+        candidates,
+        notes: vec!["health checks failed for every replica".to_owned()],
+    })
+}
+
+/// The next replica to try: healthy, not tried yet, least outstanding first (engine order breaks ties).
+fn next_replica(fleet: &FleetView, decision: &Decision, tried: &[ReplicaId]) -> Option<ReplicaId> {
+    decision
+        .candidates
+        .iter()
+        .filter(|candidate| !tried.contains(&candidate.replica))
+        .filter(|candidate| {
+            let panic = candidate.note.as_deref().is_some_and(|note| note.starts_with("panic routing"));
+            fleet.replica(candidate.replica).is_some_and(|replica| panic || replica.healthy())
+        })
+        .min_by_key(|candidate| candidate.outstanding)
+        .map(|candidate| candidate.replica)
+}
+
+/// One attempt at one replica: `Ok` once it produced its first body chunk.
+async fn attempt_once(
+    state: &RouterState,
+    replica: &Replica,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Committed, String> {
+    let mut request = state.client.request(method.clone(), format!("{}{path}", replica.spec.url)).body(body);
+    for name in [header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT] {
+        if let Some(value) = headers.get(&name) {
+            request = request.header(name, value);
         }
-    });
+    }
+    let upstream =
+        request.send().await.map_err(|error| format!("{} unreachable: {error}", replica.spec.url))?;
+    let status = upstream.status();
+    if status.is_server_error() {
+        return Err(format!("{} answered {status}", replica.spec.url));
+    }
+    let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
+    let mut rest: UpstreamStream = Box::pin(upstream.bytes_stream());
+    let first = match rest.next().await {
+        Some(Ok(chunk)) => Some(chunk),
+        Some(Err(error)) => {
+            return Err(format!("{} failed before its first byte: {error}", replica.spec.url));
+        }
+        None => None,
+    };
+    Ok(Committed { status, content_type, first, rest })
+}
+
+fn trace_record(
+    input: &RoutingInput,
+    arrival_ms: u64,
+    replica: &Replica,
+    decision: &Decision,
+    policy_version: u64,
+    ttft_ms: f64,
+) -> TraceRecord {
+    TraceRecord {
+        timestamp: arrival_ms,
+        input_length: input.view.prompt_tokens,
+        output_length: 0,
+        hash_ids: input.view.block_hashes.clone(),
+        block_tokens: Some(input.block_tokens),
+        model: input.model.clone(),
+        session: input.view.session_key.as_deref().map(session_hash),
+        replica: Some(replica.spec.url.clone()),
+        branch: Some(branch_label(decision.branch).to_owned()),
+        policy: Some(decision.policy.clone()),
+        policy_version: Some(policy_version),
+        cached_tokens: None,
+        ttft_ms: Some(ttft_ms),
+        status: None,
+    }
+}
+
+/// A request's place in its group's engine; completes it there exactly once, on drop at the latest.
+struct Ticket {
+    state: Arc<RouterState>,
+    group: Arc<Group>,
+    request_id: u64,
+    replica: Option<Arc<Replica>>,
+    view: RequestView,
+    in_engine: bool,
+}
+
+impl Ticket {
+    fn first_token(&self) {
+        let now = self.state.now_ms();
+        let _ = lock(&self.group.engine).engine.on_first_token(self.request_id, now);
+    }
+
+    /// Moves the request's load to another replica for a retry.
+    fn move_to(&mut self, replica: ReplicaId) -> bool {
+        let now = self.state.now_ms();
+        let mut engine = lock(&self.group.engine);
+        if self.in_engine {
+            let _ = engine.engine.on_completed(self.request_id, now);
+        }
+        self.in_engine = engine.engine.on_routed(self.request_id, replica, &self.view, now).is_ok();
+        self.in_engine
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.in_engine {
+            let now = self.state.now_ms();
+            let _ = lock(&self.group.engine).engine.on_completed(self.request_id, now);
+        }
+    }
+}
+
+/// Reads token counts out of response bytes as they pass (usage fields, else SSE data events).
+#[derive(Debug, Default)]
+struct UsageSniffer {
+    completion_tokens: Option<u32>,
+    cached_tokens: Option<u32>,
+    token_chunks: u32,
+}
+
+impl UsageSniffer {
+    fn scan(&mut self, chunk: &[u8]) {
+        if let Some(value) = number_after(chunk, b"\"completion_tokens\":") {
+            self.completion_tokens = Some(value);
+        }
+        if let Some(value) = number_after(chunk, b"\"cached_tokens\":") {
+            self.cached_tokens = Some(value);
+        }
+        // Each streamed token chunk is still open (`"finish_reason":null`); the closing chunk is not.
+        let mut rest = chunk;
+        while let Some(at) = find(rest, b"\"finish_reason\":null") {
+            rest = &rest[at + 1..];
+            self.token_chunks += 1;
+        }
+    }
+
+    fn output_tokens(&self) -> u32 {
+        // Without a usage block, each open SSE chunk carries one token.
+        self.completion_tokens.unwrap_or(self.token_chunks)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|window| window == needle)
+}
+
+fn number_after(haystack: &[u8], key: &[u8]) -> Option<u32> {
+    let at = find(haystack, key)? + key.len();
+    let digits: Vec<u8> = haystack[at..]
+        .iter()
+        .skip_while(|b| **b == b' ')
+        .take_while(|b| b.is_ascii_digit())
+        .copied()
+        .collect();
+    std::str::from_utf8(&digits).ok()?.parse().ok()
+}
+
+/// The client-facing body: the first chunk, then the replica's stream; finishes the request on drop.
+struct RelayBody {
+    first: Option<Bytes>,
+    rest: UpstreamStream,
+    is_sse: bool,
+    done: bool,
+    finish: Option<Finish>,
+}
+
+/// What happens when the relayed response ends.
+struct Finish {
+    ticket: Ticket,
+    replica: Arc<Replica>,
+    status: StatusCode,
+    trace: TraceRecord,
+    usage: UsageSniffer,
+    broken: bool,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        let state = &self.ticket.state;
+        let status = if self.broken { 502 } else { self.status.as_u16() };
+        state.metrics.count_request(&self.replica.spec.url, status);
+        if self.broken {
+            self.replica.errors_total.fetch_add(1, Ordering::Relaxed);
+            state.metrics.stream_errors.fetch_add(1, Ordering::Relaxed);
+            state.observe_health(&self.replica, false);
+        }
+        let mut trace = std::mem::take(&mut self.trace);
+        trace.output_length = self.usage.output_tokens();
+        trace.cached_tokens = self.usage.cached_tokens;
+        trace.status = Some(status);
+        state.recorder.record(trace);
+    }
+}
+
+impl Stream for RelayBody {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if let Some(first) = self.first.take() {
+            if let Some(finish) = &mut self.finish {
+                finish.usage.scan(&first);
+            }
+            return Poll::Ready(Some(Ok(first)));
+        }
+        match self.rest.poll_next_unpin(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(chunk))) => {
+                if let Some(finish) = &mut self.finish {
+                    finish.usage.scan(&chunk);
+                }
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(Some(Err(error))) => {
+                self.done = true;
+                if let Some(finish) = &mut self.finish {
+                    finish.broken = true;
+                }
+                let url = self.finish.as_ref().map(|f| f.replica.spec.url.clone()).unwrap_or_default();
+                // Complete now: the client may keep the connection open after the error event.
+                self.finish = None;
+                if self.is_sse {
+                    let event = json!({"error": {
+                        "message": format!("the replica {url} failed mid-stream: {error}; the answer is incomplete, retry the request"),
+                        "type": "upstream_error",
+                        "code": 502,
+                    }});
+                    Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\n")))))
+                } else {
+                    Poll::Ready(Some(Err(std::io::Error::other(error))))
+                }
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                self.finish = None;
+                Poll::Ready(None)
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn relay(
+    ticket: Ticket,
+    replica: Arc<Replica>,
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    first: Option<Bytes>,
+    rest: UpstreamStream,
+    trace: TraceRecord,
+    decision: &Decision,
+    policy_version: u64,
+) -> Response {
+    let is_sse = content_type.as_ref().is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let url = replica.spec.url.clone();
+    let body = RelayBody {
+        first,
+        rest,
+        is_sse,
+        done: false,
+        finish: Some(Finish {
+            ticket,
+            replica,
+            status,
+            trace,
+            usage: UsageSniffer::default(),
+            broken: false,
+        }),
+    };
     let mut response = Response::new(Body::from_stream(body));
     *response.status_mut() = status;
+    let headers = response.headers_mut();
     if let Some(content_type) = content_type {
-        response.headers_mut().insert(header::CONTENT_TYPE, content_type);
+        headers.insert(header::CONTENT_TYPE, content_type);
     }
-    if let Ok(value) = HeaderValue::from_str(replica) {
-        response.headers_mut().insert(REPLICA_HEADER, value);
+    if is_sse {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }
+    if let Ok(value) = HeaderValue::from_str(&url) {
+        headers.insert(REPLICA_HEADER, value);
+    }
+    headers.insert(BRANCH_HEADER, HeaderValue::from_static(branch_label(decision.branch)));
+    headers.insert(POLICY_VERSION_HEADER, HeaderValue::from(policy_version));
     response
 }
 
-fn openai_error(status: StatusCode, message: &str) -> Response {
-    let body = json!({"error": {"message": message, "type": "router_error", "param": null, "code": status.as_u16()}});
-    (status, axum::Json(body)).into_response()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_is_sniffed_from_sse_and_json() {
+        let mut sse = UsageSniffer::default();
+        sse.scan(b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n");
+        sse.scan(b"data: {\"choices\":[{\"delta\":{\"content\":\"b\"},\"finish_reason\":null}],\"usage\":null}\n\n");
+        sse.scan(b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}]}\n\n");
+        sse.scan(b"data: [DONE]\n\n");
+        assert_eq!(sse.output_tokens(), 2);
+        let mut whole = UsageSniffer::default();
+        whole.scan(br#"{"usage":{"prompt_tokens":9,"completion_tokens": 40,"prompt_tokens_details":{"cached_tokens":16}}}"#);
+        assert_eq!((whole.output_tokens(), whole.cached_tokens), (40, Some(16)));
+    }
 }

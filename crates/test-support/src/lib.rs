@@ -3,8 +3,10 @@
 //! Everything binds 127.0.0.1 port 0 and stops when its [`CancellationToken`] fires (each
 //! fixture cancels on drop), so tests run in parallel without port clashes or leftovers.
 
+pub mod admin_router;
 pub mod endpoints;
 pub mod process;
+pub mod sim;
 pub mod wait;
 pub mod webdriver;
 

@@ -1,0 +1,329 @@
+//! The admin API the app pushes to: policy versions (compare-and-swap, rollback), replicas, state,
+//! decisions and recorded traffic. Every route needs `Authorization: Bearer TOKEN`.
+//!
+//! The token is compared in constant time with a hand loop: it always walks every byte of the configured
+//! token (XOR-accumulating, lengths folded in), so the time depends only on the configured token's length,
+//! never on how much of a guess is right. The token is never logged. Without a configured token every admin
+//! route answers 403 `admin_disabled`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use fleet_policy::{PolicySpec, ReplicaId, SpecError};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::config::ReplicaSpec;
+use crate::state::{AddReplicaError, PolicyChangeError, PolicyVersion, RouterState};
+
+/// An admin error: `{"code", "message", ...extra}`.
+fn error(status: StatusCode, code: &str, message: &str, extra: Value) -> Response {
+    let mut body = json!({"code": code, "message": message});
+    if let (Value::Object(body), Value::Object(extra)) = (&mut body, extra) {
+        body.extend(extra);
+    }
+    (status, axum::Json(body)).into_response()
+}
+
+/// Compares a presented token with the configured one in time independent of the presented bytes.
+pub fn token_matches(configured: &str, presented: &str) -> bool {
+    let configured = configured.as_bytes();
+    let presented = presented.as_bytes();
+    let mut difference = u8::from(configured.len() != presented.len());
+    for (i, expected) in configured.iter().enumerate() {
+        let given = presented.get(i).copied().unwrap_or(0);
+        difference |= std::hint::black_box(expected ^ given);
+    }
+    difference == 0
+}
+
+async fn require_token(State(state): State<Arc<RouterState>>, request: Request, next: Next) -> Response {
+    let Some(configured) = state.config.admin_token.as_deref() else {
+        return error(
+            StatusCode::FORBIDDEN,
+            "admin_disabled",
+            "the admin API is off; start fleet-router with --admin-token-file FILE or FLEET_ROUTER_ADMIN_TOKEN",
+            json!({}),
+        );
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    match presented {
+        Some(presented) if token_matches(configured, presented.trim()) => next.run(request).await,
+        Some(_) => unauthorized("the bearer token is wrong; use the router's admin token"),
+        None => unauthorized("missing `Authorization: Bearer TOKEN`; send the router's admin token"),
+    }
+}
+
+fn unauthorized(message: &str) -> Response {
+    let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized", message, json!({}));
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// The `/admin` routes, token-checked.
+pub fn routes(state: Arc<RouterState>) -> Router {
+    Router::new()
+        .route("/admin/policy", get(get_policy).put(put_policy))
+        .route("/admin/policy/rollback", post(rollback_policy))
+        .route("/admin/replicas", get(list_replicas).post(add_replica))
+        .route("/admin/replicas/{id}", delete(remove_replica))
+        .route("/admin/state", get(get_state))
+        .route("/admin/decisions", get(get_decisions))
+        .route("/admin/trace", get(get_trace))
+        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state)
+}
+
+fn policy_response(status: StatusCode, version: &PolicyVersion) -> Response {
+    let mut response =
+        (status, axum::Json(json!({"version": version.version, "spec": version.spec}))).into_response();
+    if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", version.version)) {
+        response.headers_mut().insert(header::ETAG, etag);
+    }
+    response
+}
+
+async fn get_policy(State(state): State<Arc<RouterState>>) -> Response {
+    policy_response(StatusCode::OK, &state.policy.load())
+}
+
+/// The field a spec error is about.
+fn spec_error_field(error: &SpecError) -> String {
+    match error {
+        SpecError::Parse { .. } => "body".to_owned(),
+        SpecError::MissingPolicy | SpecError::UnknownPolicy { .. } => "policy".to_owned(),
+        SpecError::UnsupportedSchemaVersion { .. } => "schema_version".to_owned(),
+        SpecError::UnknownField { field, .. }
+        | SpecError::WrongType { field, .. }
+        | SpecError::OutOfRange { field, .. } => field.clone(),
+    }
+}
+
+fn invalid_spec(spec_error: &SpecError) -> Response {
+    let reason = spec_error.to_string();
+    error(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_spec",
+        &format!("the policy spec was rejected and the policy in force is unchanged: {reason}"),
+        json!({"field": spec_error_field(spec_error), "reason": reason}),
+    )
+}
+
+async fn put_policy(State(state): State<Arc<RouterState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(if_match) = headers.get(header::IF_MATCH).and_then(|value| value.to_str().ok()) else {
+        return error(
+            StatusCode::PRECONDITION_REQUIRED,
+            "precondition_required",
+            "PUT /admin/policy needs If-Match: \"VERSION\" with the version from GET /admin/policy",
+            json!({"current_version": state.policy.load().version}),
+        );
+    };
+    let expected = if_match.trim().trim_start_matches("W/").trim_matches('"').parse::<u64>();
+    let Ok(expected) = expected else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_if_match",
+            &format!(
+                "If-Match {if_match:?} is not a policy version; send the ETag of GET /admin/policy, e.g. \"3\""
+            ),
+            json!({}),
+        );
+    };
+    let text = match std::str::from_utf8(&body) {
+        Ok(text) => text,
+        Err(_) => {
+            return invalid_spec(&SpecError::Parse {
+                format: "JSON or YAML",
+                message: "the body is not UTF-8".to_owned(),
+            });
+        }
+    };
+    // Check the version first so a stale writer learns that before fixing its spec.
+    let current = state.policy.load().version;
+    if current != expected {
+        return version_conflict(current);
+    }
+    let spec = match text.parse::<PolicySpec>() {
+        Ok(spec) => spec,
+        Err(spec_error) => return invalid_spec(&spec_error),
+    };
+    match state.put_policy(expected, spec).await {
+        Ok(version) => policy_response(StatusCode::OK, &version),
+        Err(PolicyChangeError::VersionConflict { current_version }) => version_conflict(current_version),
+        Err(PolicyChangeError::Invalid(spec_error)) => invalid_spec(&spec_error),
+        Err(other) => error(StatusCode::CONFLICT, "policy_change_refused", &other.to_string(), json!({})),
+    }
+}
+
+fn version_conflict(current_version: u64) -> Response {
+    error(
+        StatusCode::CONFLICT,
+        "version_conflict",
+        &format!(
+            "the policy changed: version {current_version} is in force; GET /admin/policy and retry with If-Match: \"{current_version}\""
+        ),
+        json!({"current_version": current_version}),
+    )
+}
+
+async fn rollback_policy(State(state): State<Arc<RouterState>>) -> Response {
+    match state.rollback_policy().await {
+        Ok(version) => policy_response(StatusCode::OK, &version),
+        Err(PolicyChangeError::NoPreviousVersion) => error(
+            StatusCode::CONFLICT,
+            "no_previous_version",
+            "there is no previous policy version to roll back to",
+            json!({"current_version": state.policy.load().version}),
+        ),
+        Err(other) => error(StatusCode::CONFLICT, "policy_change_refused", &other.to_string(), json!({})),
+    }
+}
+
+fn replica_json(replica: &crate::state::Replica) -> Value {
+    json!({"id": replica.id.0, "url": replica.spec.url, "model": replica.model, "healthy": replica.healthy()})
+}
+
+async fn list_replicas(State(state): State<Arc<RouterState>>) -> Response {
+    let fleet = state.fleet.load();
+    axum::Json(fleet.replicas.iter().map(|replica| replica_json(replica)).collect::<Vec<_>>()).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewReplica {
+    url: String,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    kv_events: Option<String>,
+    #[serde(default)]
+    kv_replay: Option<String>,
+}
+
+async fn add_replica(State(state): State<Arc<RouterState>>, body: Bytes) -> Response {
+    let new: NewReplica = match serde_json::from_slice(&body) {
+        Ok(new) => new,
+        Err(parse_error) => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_replica",
+                &format!(
+                    "the body must be {{\"url\", \"model\"?, \"kv_events\"?, \"kv_replay\"?}}: {parse_error}"
+                ),
+                json!({"field": "body"}),
+            );
+        }
+    };
+    let mut text = new.url.clone();
+    for (key, value) in [("model", &new.model), ("kv", &new.kv_events), ("kv_replay", &new.kv_replay)] {
+        if let Some(value) = value {
+            text.push_str(&format!(",{key}={value}"));
+        }
+    }
+    let spec: ReplicaSpec = match text.parse() {
+        Ok(spec) => spec,
+        Err(config_error) => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_replica",
+                &config_error.message,
+                json!({"field": "url"}),
+            );
+        }
+    };
+    match state.add_replica(spec).await {
+        Ok(replica) => (StatusCode::CREATED, axum::Json(replica_json(&replica))).into_response(),
+        Err(add_error @ AddReplicaError::Exists(_)) => {
+            error(StatusCode::CONFLICT, "replica_exists", &add_error.to_string(), json!({}))
+        }
+        Err(add_error) => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &add_error.to_string(), json!({}))
+        }
+    }
+}
+
+async fn remove_replica(State(state): State<Arc<RouterState>>, Path(id): Path<String>) -> Response {
+    let Ok(id) = id.parse::<u32>() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_replica",
+            &format!("{id:?} is not a replica id; ids are the numbers GET /admin/replicas lists"),
+            json!({}),
+        );
+    };
+    match state.remove_replica(ReplicaId(id)).await {
+        Some(_) => StatusCode::NO_CONTENT.into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "unknown_replica",
+            &format!("no replica has id {id}; GET /admin/replicas lists them"),
+            json!({}),
+        ),
+    }
+}
+
+async fn get_state(State(state): State<Arc<RouterState>>) -> Response {
+    axum::Json(state.state_document()).into_response()
+}
+
+#[derive(Deserialize)]
+struct DecisionsQuery {
+    limit: Option<usize>,
+}
+
+async fn get_decisions(
+    State(state): State<Arc<RouterState>>,
+    Query(query): Query<DecisionsQuery>,
+) -> Response {
+    let limit = query.limit.unwrap_or(50).min(state.config.decisions_capacity);
+    let decisions = state.recent_decisions(limit);
+    let decisions: Vec<&crate::state::DecisionRecord> = decisions.iter().map(AsRef::as_ref).collect();
+    axum::Json(decisions).into_response()
+}
+
+#[derive(Deserialize)]
+struct TraceQuery {
+    since: Option<u64>,
+}
+
+async fn get_trace(State(state): State<Arc<RouterState>>, Query(query): Query<TraceQuery>) -> Response {
+    let records = state.recorder.since(query.since.unwrap_or(0));
+    let mut body = Vec::with_capacity(records.len() * 200);
+    for record in &records {
+        if fleet_trace::write_record(&mut body, record).is_err() {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "cannot serialise a trace record",
+                json!({}),
+            );
+        }
+    }
+    let mut response = Response::new(Body::from(body));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_only_exactly() {
+        assert!(token_matches("s3cret", "s3cret"));
+        assert!(!token_matches("s3cret", "s3cre"));
+        assert!(!token_matches("s3cret", "s3cret!"));
+        assert!(!token_matches("s3cret", "S3cret"));
+        assert!(!token_matches("s3cret", ""));
+    }
+}

@@ -1,0 +1,347 @@
+//! The router's configuration: replica specs (`URL[,model=NAME][,kv=tcp://HOST:PORT]`), timeouts, health,
+//! recording and admin settings, each with a `Default`, parsed with `FromStr` and checked by `validate()`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use fleet_policy::PolicySpec;
+
+/// A configuration value that cannot be used, with what is wrong and how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    /// The option or field at fault.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
+}
+
+/// One replica as given on the command line or to `POST /admin/replicas`.
+///
+/// Syntax: `URL[,model=NAME][,kv=tcp://HOST:PORT][,kv_replay=tcp://HOST:PORT]`. Without `model=` the router
+/// asks the replica's `/v1/models` once when it is added; without `kv=` the replica's KV events come from
+/// [`RouterConfig::kv_events_port_offset`] when set, else the replica sends none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaSpec {
+    /// Base URL without a trailing slash, e.g. `http://127.0.0.1:8100`.
+    pub url: String,
+    /// The served model name, if given.
+    pub model: Option<String>,
+    /// ZMQ PUB endpoint of the replica's KV events (vLLM `--kv-events-config` `endpoint`).
+    pub kv_events: Option<String>,
+    /// ZMQ ROUTER endpoint of the replica's event replay socket (vLLM `replay_endpoint`).
+    pub kv_replay: Option<String>,
+}
+
+impl ReplicaSpec {
+    /// A replica known by URL only.
+    pub fn url(url: &str) -> Self {
+        Self { url: url.trim_end_matches('/').to_owned(), model: None, kv_events: None, kv_replay: None }
+    }
+
+    /// `host:port` of the URL (for deriving a KV endpoint), if it has an explicit port.
+    pub fn host_port(&self) -> Option<(String, u16)> {
+        let rest = self.url.split_once("://")?.1;
+        let authority = rest.split('/').next()?;
+        let (host, port) = authority.rsplit_once(':')?;
+        Some((host.to_owned(), port.parse().ok()?))
+    }
+}
+
+impl FromStr for ReplicaSpec {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut parts = text.split(',').map(str::trim);
+        let url = parts.next().unwrap_or_default();
+        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() <= "http://".len() {
+            return Err(ConfigError::new(
+                "replica",
+                format!("{url:?} is not an http(s) URL; write it like http://127.0.0.1:8100[,model=NAME]"),
+            ));
+        }
+        let mut spec = Self::url(url);
+        for part in parts {
+            let Some((key, value)) = part.split_once('=') else {
+                return Err(ConfigError::new(
+                    "replica",
+                    format!(
+                        "{part:?} in {text:?} is not KEY=VALUE; use model=NAME, kv=tcp://HOST:PORT or kv_replay=tcp://HOST:PORT"
+                    ),
+                ));
+            };
+            let value = value.trim().to_owned();
+            if value.is_empty() {
+                return Err(ConfigError::new("replica", format!("{key}= in {text:?} has no value")));
+            }
+            match key.trim() {
+                "model" => spec.model = Some(value),
+                "kv" => spec.kv_events = Some(check_zmq_endpoint(&value)?),
+                "kv_replay" => spec.kv_replay = Some(check_zmq_endpoint(&value)?),
+                other => {
+                    return Err(ConfigError::new(
+                        "replica",
+                        format!(
+                            "unknown replica option {other:?} in {text:?}; allowed: model, kv, kv_replay"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(spec)
+    }
+}
+
+impl fmt::Display for ReplicaSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.url)?;
+        if let Some(model) = &self.model {
+            write!(f, ",model={model}")?;
+        }
+        if let Some(kv) = &self.kv_events {
+            write!(f, ",kv={kv}")?;
+        }
+        if let Some(replay) = &self.kv_replay {
+            write!(f, ",kv_replay={replay}")?;
+        }
+        Ok(())
+    }
+}
+
+fn check_zmq_endpoint(value: &str) -> Result<String, ConfigError> {
+    if value.starts_with("tcp://")
+        && value.rsplit_once(':').is_some_and(|(_, port)| port.parse::<u16>().is_ok())
+    {
+        Ok(value.to_owned())
+    } else {
+        Err(ConfigError::new(
+            "replica",
+            format!("{value:?} is not a ZMQ TCP endpoint; write it like tcp://127.0.0.1:5557"),
+        ))
+    }
+}
+
+/// Active health probing and the hysteresis applied to probe and passive results.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// Time between probes of one replica.
+    pub interval: Duration,
+    /// Time allowed for one probe.
+    pub timeout: Duration,
+    /// Path probed (GET), answered 2xx when healthy.
+    pub path: String,
+    /// Consecutive failures (probes or proxied requests) that take a replica out of rotation.
+    pub fall: u32,
+    /// Consecutive successful probes that bring it back.
+    pub rise: u32,
+}
+
+impl Default for HealthConfig {
+    /// Out of rotation within `interval x fall + timeout` = 1.3 s of a replica dying; back after 2 good probes.
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(400),
+            timeout: Duration::from_millis(500),
+            path: "/health".to_owned(),
+            fall: 2,
+            rise: 2,
+        }
+    }
+}
+
+/// Where recorded traffic goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordConfig {
+    /// Records kept in memory for `GET /admin/trace`.
+    pub ring_capacity: usize,
+    /// File to append fleet-trace lines to, if any.
+    pub file: Option<PathBuf>,
+    /// Size at which the file is rotated to `FILE.1` (older ones shift to `.2`, ...).
+    pub max_file_bytes: u64,
+    /// Rotated files kept besides the live one.
+    pub keep_files: usize,
+}
+
+impl Default for RecordConfig {
+    fn default() -> Self {
+        Self { ring_capacity: 100_000, file: None, max_file_bytes: 64 << 20, keep_files: 4 }
+    }
+}
+
+/// HTTPS: PEM certificate chain and private key (build feature `tls`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// Certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// How the router is set up. `replicas` holds replica specs in [`ReplicaSpec`] syntax (a bare URL works).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    /// Replica specs: `URL[,model=NAME][,kv=tcp://HOST:PORT]`.
+    pub replicas: Vec<String>,
+    /// The policy in force at start (version 1).
+    pub policy: PolicySpec,
+    /// Bearer token of the admin API; `None` turns the admin API off.
+    pub admin_token: Option<String>,
+    /// Time allowed to open a connection to a replica before trying the next one.
+    pub connect_timeout: Duration,
+    /// Longest silence tolerated from a replica while reading its answer.
+    pub read_timeout: Duration,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Replicas tried per request (the pick plus fallbacks) on connect failures or 5xx before the first byte.
+    pub max_attempts: usize,
+    /// Health probing.
+    pub health: HealthConfig,
+    /// Traffic recording.
+    pub record: RecordConfig,
+    /// Decisions kept for `GET /admin/decisions`.
+    pub decisions_capacity: usize,
+    /// Window of the prefix-heat summary in `GET /admin/state`.
+    pub heat_window: Duration,
+    /// When set, a replica without `kv=` publishes KV events on `tcp://ITS_HOST:(ITS_PORT + offset)`.
+    pub kv_events_port_offset: Option<u16>,
+    /// Hugging Face `tokenizer.json` for token-exact blocks (needs the `tokenizer` feature).
+    pub tokenizer: Option<PathBuf>,
+    /// Seed of the policy's random draws (random, power_of_two, sampled kv_precise).
+    pub seed: u64,
+    /// Serve HTTPS instead of HTTP.
+    pub tls: Option<TlsConfig>,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            replicas: Vec::new(),
+            policy: PolicySpec::default(),
+            admin_token: None,
+            connect_timeout: Duration::from_secs(2),
+            read_timeout: Duration::from_secs(120),
+            max_body_bytes: 16 * 1024 * 1024,
+            max_attempts: 3,
+            health: HealthConfig::default(),
+            record: RecordConfig::default(),
+            decisions_capacity: 1000,
+            heat_window: Duration::from_secs(300),
+            kv_events_port_offset: None,
+            tokenizer: None,
+            seed: 0x5EED,
+            tls: None,
+        }
+    }
+}
+
+impl RouterConfig {
+    /// Checks every field; the error names the field and the fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.replica_specs()?;
+        self.policy.validate().map_err(|error| ConfigError::new("policy", format!("{error}")))?;
+        if self.admin_token.as_ref().is_some_and(|token| token.trim().is_empty()) {
+            return Err(ConfigError::new(
+                "admin_token",
+                "the admin token is empty; put a non-empty secret in the token file",
+            ));
+        }
+        let positive = [
+            ("connect_timeout", self.connect_timeout),
+            ("read_timeout", self.read_timeout),
+            ("health.interval", self.health.interval),
+            ("health.timeout", self.health.timeout),
+        ];
+        for (field, value) in positive {
+            if value.is_zero() {
+                return Err(ConfigError::new(field, "must be above zero"));
+            }
+        }
+        if self.max_body_bytes == 0 {
+            return Err(ConfigError::new("max_body_bytes", "must be above zero"));
+        }
+        if self.max_attempts == 0 {
+            return Err(ConfigError::new("max_attempts", "must be at least 1 (the pick itself)"));
+        }
+        if self.health.fall == 0 || self.health.rise == 0 {
+            return Err(ConfigError::new("health", "fall and rise must be at least 1"));
+        }
+        if !self.health.path.starts_with('/') {
+            return Err(ConfigError::new("health.path", "must start with /, e.g. /health"));
+        }
+        if self.record.ring_capacity == 0 || self.decisions_capacity == 0 {
+            return Err(ConfigError::new("record.ring_capacity", "ring capacities must be at least 1"));
+        }
+        if self.record.file.is_some() && self.record.max_file_bytes < 1024 {
+            return Err(ConfigError::new("record.max_file_bytes", "must be at least 1024 bytes"));
+        }
+        if self.tls.is_some() && !cfg!(feature = "tls") {
+            return Err(ConfigError::new(
+                "tls",
+                "this fleet-router was built without the `tls` feature; rebuild with --features tls",
+            ));
+        }
+        if self.tokenizer.is_some() && !cfg!(feature = "tokenizer") {
+            return Err(ConfigError::new(
+                "tokenizer",
+                "this fleet-router was built without the `tokenizer` feature; rebuild with --features tokenizer",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The replica specs, parsed.
+    pub fn replica_specs(&self) -> Result<Vec<ReplicaSpec>, ConfigError> {
+        let specs: Vec<ReplicaSpec> =
+            self.replicas.iter().map(|text| text.parse()).collect::<Result<_, _>>()?;
+        for (i, spec) in specs.iter().enumerate() {
+            if specs[..i].iter().any(|other| other.url == spec.url) {
+                return Err(ConfigError::new(
+                    "replica",
+                    format!("{} is given twice; list each replica once", spec.url),
+                ));
+            }
+        }
+        Ok(specs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_specs_parse_with_options_and_reject_bad_input_with_a_fix() {
+        let spec: ReplicaSpec = "http://127.0.0.1:8100/,model=m1,kv=tcp://127.0.0.1:5557".parse().unwrap();
+        assert_eq!(spec.url, "http://127.0.0.1:8100");
+        assert_eq!(spec.model.as_deref(), Some("m1"));
+        assert_eq!(spec.kv_events.as_deref(), Some("tcp://127.0.0.1:5557"));
+        assert_eq!(spec.host_port(), Some(("127.0.0.1".to_owned(), 8100)));
+        assert_eq!(spec.to_string().parse::<ReplicaSpec>().unwrap(), spec);
+        for bad in
+            ["127.0.0.1:8100", "http://x,model", "http://x,colour=red", "http://x,kv=udp://a:1", "http://"]
+        {
+            let error = bad.parse::<ReplicaSpec>().unwrap_err();
+            assert_eq!(error.field, "replica", "{bad}");
+        }
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        assert!(RouterConfig::default().validate().is_ok());
+        let twice =
+            RouterConfig { replicas: vec!["http://a:1".into(), "http://a:1/".into()], ..Default::default() };
+        assert!(twice.validate().unwrap_err().message.contains("twice"));
+        let zero = RouterConfig { max_attempts: 0, ..Default::default() };
+        assert_eq!(zero.validate().unwrap_err().field, "max_attempts");
+        let empty_token = RouterConfig { admin_token: Some(" ".into()), ..Default::default() };
+        assert_eq!(empty_token.validate().unwrap_err().field, "admin_token");
+    }
+}

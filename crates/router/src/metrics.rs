@@ -1,0 +1,320 @@
+//! The router's Prometheus metrics: lock-free counters on the hot path, rendered as text on scrape.
+//!
+//! Families (all prefixed `fleet_router_`): `requests_total{replica,status}`, `pick_duration_seconds`
+//! (histogram), `policy_version`, `policy_info{policy}`, `decisions_total{branch}`, `prompt_blocks_total`,
+//! `matched_blocks_total`, `estimated_hit_rate`, `retries_total`, `stream_errors_total`,
+//! `replica_healthy{replica}`, `replica_outstanding{replica}`, `policy_swaps_total`, `kv_events_total{replica}`,
+//! `kv_resyncs_total{replica}`, `recorded_requests_total`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fleet_policy::Branch;
+
+/// Upper bounds of the pick-latency buckets, in seconds.
+const PICK_BUCKETS: [f64; 12] =
+    [1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 2.5e-2];
+
+/// Every branch, in a fixed order, with its label.
+pub const BRANCHES: [(Branch, &str); 11] = [
+    (Branch::RoundRobin, "round_robin"),
+    (Branch::Random, "random"),
+    (Branch::LeastLoad, "least_load"),
+    (Branch::PowerOfTwo, "power_of_two"),
+    (Branch::Hash, "hash"),
+    (Branch::Balance, "balance"),
+    (Branch::Cache, "cache"),
+    (Branch::Cost, "cost"),
+    (Branch::Sampled, "sampled"),
+    (Branch::Score, "score"),
+    (Branch::Fallback, "fallback"),
+];
+
+/// The label of a branch.
+pub fn branch_label(branch: Branch) -> &'static str {
+    BRANCHES.iter().find(|(b, _)| *b == branch).map_or("unknown", |(_, label)| label)
+}
+
+/// Counters updated by requests.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    pick_buckets: [AtomicU64; PICK_BUCKETS.len()],
+    pick_count: AtomicU64,
+    pick_sum_nanos: AtomicU64,
+    branches: [AtomicU64; BRANCHES.len()],
+    /// Prompt blocks of routed requests.
+    pub prompt_blocks: AtomicU64,
+    /// Of those, blocks the chosen replica was estimated to hold.
+    pub matched_blocks: AtomicU64,
+    /// Extra attempts after a failed one.
+    pub retries: AtomicU64,
+    /// Streams ended with an error event.
+    pub stream_errors: AtomicU64,
+    /// Policy versions applied after the first.
+    pub policy_swaps: AtomicU64,
+}
+
+/// Per-replica values read at scrape time.
+#[derive(Debug)]
+pub struct ReplicaGauges {
+    /// Base URL.
+    pub url: String,
+    /// In rotation.
+    pub healthy: bool,
+    /// Outstanding requests.
+    pub outstanding: u64,
+    /// KV events applied.
+    pub kv_events: u64,
+    /// Index resyncs after gaps.
+    pub kv_resyncs: u64,
+}
+
+impl Metrics {
+    /// Counts one answered request.
+    pub fn count_request(&self, replica: &str, status: u16) {
+        let mut requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match requests.get_mut(&(replica.to_owned(), status)) {
+            Some(count) => *count += 1,
+            None => {
+                requests.insert((replica.to_owned(), status), 1);
+            }
+        }
+    }
+
+    /// Counts one pick: its latency, branch and estimated hit.
+    pub fn count_pick(&self, latency: Duration, branch: Branch, prompt_blocks: u32, matched_blocks: u32) {
+        let seconds = latency.as_secs_f64();
+        for (bound, bucket) in PICK_BUCKETS.iter().zip(&self.pick_buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.pick_count.fetch_add(1, Ordering::Relaxed);
+        self.pick_sum_nanos
+            .fetch_add(u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        if let Some(i) = BRANCHES.iter().position(|(b, _)| *b == branch) {
+            self.branches[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.prompt_blocks.fetch_add(u64::from(prompt_blocks), Ordering::Relaxed);
+        self.matched_blocks.fetch_add(u64::from(matched_blocks.min(prompt_blocks)), Ordering::Relaxed);
+    }
+
+    /// Requests counted for `replica` with `status`.
+    pub fn requests(&self, replica: &str, status: u16) -> u64 {
+        let requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        requests.get(&(replica.to_owned(), status)).copied().unwrap_or(0)
+    }
+
+    /// Renders every family as Prometheus text (format 0.0.4).
+    pub fn render(
+        &self,
+        policy: &str,
+        policy_version: u64,
+        replicas: &[ReplicaGauges],
+        recorded: u64,
+    ) -> String {
+        let mut out = String::with_capacity(4096);
+        family(
+            &mut out,
+            "fleet_router_requests_total",
+            "counter",
+            "Requests answered, by replica and HTTP status.",
+        );
+        {
+            let requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for ((replica, status), count) in requests.iter() {
+                let _ = writeln!(
+                    out,
+                    "fleet_router_requests_total{{replica=\"{}\",status=\"{status}\"}} {count}",
+                    escape(replica)
+                );
+            }
+        }
+        family(
+            &mut out,
+            "fleet_router_pick_duration_seconds",
+            "histogram",
+            "Time the policy took to pick a replica.",
+        );
+        for (bound, bucket) in PICK_BUCKETS.iter().zip(&self.pick_buckets) {
+            let _ = writeln!(
+                out,
+                "fleet_router_pick_duration_seconds_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.pick_count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "fleet_router_pick_duration_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.pick_sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "fleet_router_pick_duration_seconds_sum {sum}");
+        let _ = writeln!(out, "fleet_router_pick_duration_seconds_count {count}");
+        family(&mut out, "fleet_router_policy_version", "gauge", "Version of the policy in force.");
+        let _ = writeln!(out, "fleet_router_policy_version {policy_version}");
+        family(&mut out, "fleet_router_policy_info", "gauge", "The policy in force (always 1).");
+        let _ = writeln!(out, "fleet_router_policy_info{{policy=\"{}\"}} 1", escape(policy));
+        family(
+            &mut out,
+            "fleet_router_policy_swaps_total",
+            "counter",
+            "Policy versions applied since start.",
+        );
+        let _ =
+            writeln!(out, "fleet_router_policy_swaps_total {}", self.policy_swaps.load(Ordering::Relaxed));
+        family(
+            &mut out,
+            "fleet_router_decisions_total",
+            "counter",
+            "Picks by the rule that decided (cache, balance, fallback, ...).",
+        );
+        for ((_, label), count) in BRANCHES.iter().zip(&self.branches) {
+            let _ = writeln!(
+                out,
+                "fleet_router_decisions_total{{branch=\"{label}\"}} {}",
+                count.load(Ordering::Relaxed)
+            );
+        }
+        let prompt = self.prompt_blocks.load(Ordering::Relaxed);
+        let matched = self.matched_blocks.load(Ordering::Relaxed);
+        family(&mut out, "fleet_router_prompt_blocks_total", "counter", "Prompt blocks of routed requests.");
+        let _ = writeln!(out, "fleet_router_prompt_blocks_total {prompt}");
+        family(
+            &mut out,
+            "fleet_router_matched_blocks_total",
+            "counter",
+            "Prompt blocks the chosen replica was estimated to hold.",
+        );
+        let _ = writeln!(out, "fleet_router_matched_blocks_total {matched}");
+        family(
+            &mut out,
+            "fleet_router_estimated_hit_rate",
+            "gauge",
+            "Matched over prompt blocks since start (0 to 1).",
+        );
+        let rate = if prompt == 0 { 0.0 } else { matched as f64 / prompt as f64 };
+        let _ = writeln!(out, "fleet_router_estimated_hit_rate {rate}");
+        family(
+            &mut out,
+            "fleet_router_retries_total",
+            "counter",
+            "Attempts on another replica after a failure before the first byte.",
+        );
+        let _ = writeln!(out, "fleet_router_retries_total {}", self.retries.load(Ordering::Relaxed));
+        family(
+            &mut out,
+            "fleet_router_stream_errors_total",
+            "counter",
+            "Streams ended with an error event after they started.",
+        );
+        let _ =
+            writeln!(out, "fleet_router_stream_errors_total {}", self.stream_errors.load(Ordering::Relaxed));
+        family(
+            &mut out,
+            "fleet_router_recorded_requests_total",
+            "counter",
+            "Requests recorded to the trace ring.",
+        );
+        let _ = writeln!(out, "fleet_router_recorded_requests_total {recorded}");
+        family(
+            &mut out,
+            "fleet_router_replica_healthy",
+            "gauge",
+            "Whether a replica is in rotation (1) or not (0).",
+        );
+        for replica in replicas {
+            let _ = writeln!(
+                out,
+                "fleet_router_replica_healthy{{replica=\"{}\"}} {}",
+                escape(&replica.url),
+                u8::from(replica.healthy)
+            );
+        }
+        family(
+            &mut out,
+            "fleet_router_replica_outstanding",
+            "gauge",
+            "Requests routed to a replica and not completed.",
+        );
+        for replica in replicas {
+            let _ = writeln!(
+                out,
+                "fleet_router_replica_outstanding{{replica=\"{}\"}} {}",
+                escape(&replica.url),
+                replica.outstanding
+            );
+        }
+        family(
+            &mut out,
+            "fleet_router_kv_events_total",
+            "counter",
+            "KV-cache events applied to the index, by replica.",
+        );
+        for replica in replicas {
+            let _ = writeln!(
+                out,
+                "fleet_router_kv_events_total{{replica=\"{}\"}} {}",
+                escape(&replica.url),
+                replica.kv_events
+            );
+        }
+        family(
+            &mut out,
+            "fleet_router_kv_resyncs_total",
+            "counter",
+            "Index resyncs after lost KV events, by replica.",
+        );
+        for replica in replicas {
+            let _ = writeln!(
+                out,
+                "fleet_router_kv_resyncs_total{{replica=\"{}\"}} {}",
+                escape(&replica.url),
+                replica.kv_resyncs
+            );
+        }
+        out
+    }
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counts_buckets_and_rate() {
+        let metrics = Metrics::default();
+        metrics.count_request("http://a", 200);
+        metrics.count_request("http://a", 200);
+        metrics.count_pick(Duration::from_micros(3), Branch::Cache, 10, 4);
+        metrics.count_pick(Duration::from_micros(30), Branch::Fallback, 10, 0);
+        let gauges = [ReplicaGauges {
+            url: "http://a".into(),
+            healthy: true,
+            outstanding: 2,
+            kv_events: 0,
+            kv_resyncs: 0,
+        }];
+        let text = metrics.render("cache_aware_approx", 3, &gauges, 7);
+        assert!(
+            text.contains("fleet_router_requests_total{replica=\"http://a\",status=\"200\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("fleet_router_pick_duration_seconds_bucket{le=\"0.000005\"} 1"), "{text}");
+        assert!(text.contains("fleet_router_pick_duration_seconds_bucket{le=\"+Inf\"} 2"), "{text}");
+        assert!(text.contains("fleet_router_decisions_total{branch=\"cache\"} 1"));
+        assert!(text.contains("fleet_router_estimated_hit_rate 0.2"));
+        assert!(text.contains("fleet_router_policy_version 3"));
+        assert_eq!(metrics.requests("http://a", 200), 2);
+    }
+}

@@ -1,0 +1,681 @@
+//! The router's shared state: replicas grouped by model, one policy engine per group, the versioned policy,
+//! health, and the bounded windows the admin API reads (decisions, prefix heat).
+//!
+//! The hot path reads the replica set and the policy version from arc-swapped snapshots and takes one short
+//! lock, its group's engine, for `route` (pick + on_routed) and again for the first-token and completion calls.
+//! Admin changes (policy versions, replicas) are serialised by one async mutex that the hot path never takes;
+//! a policy swap reconfigures each engine under its lock, which keeps loads and indexes, so requests in
+//! flight finish normally and the next pick uses the new policy.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use fleet_policy::{Decision, Engine, HashingParams, PolicySpec, ReplicaId, ReplicaNames, SpecError};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ReplicaSpec, RouterConfig};
+use crate::health::HealthTracker;
+use crate::metrics::{Metrics, ReplicaGauges};
+use crate::recording::Recorder;
+use crate::routing_key::Tokenize;
+
+/// Versions kept for rollback.
+const POLICY_HISTORY: usize = 100;
+/// Entries kept in the prefix-heat window at most, whatever the window's length.
+const HEAT_ENTRIES: usize = 200_000;
+/// Prefix groups listed in `GET /admin/state`.
+const TOP_GROUPS: usize = 20;
+
+/// Locks a std mutex, ignoring poisoning (every critical section here leaves the data consistent).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+/// One replica.
+#[derive(Debug)]
+pub struct Replica {
+    /// Stable id (interned from the URL; a re-added URL gets its old id back).
+    pub id: ReplicaId,
+    /// How it was configured.
+    pub spec: ReplicaSpec,
+    /// The model group it serves ("" when the model is unknown: it then serves models no group claims).
+    pub model: String,
+    healthy: AtomicBool,
+    health: Mutex<HealthTracker>,
+    /// Requests sent to it (attempts, including retries).
+    pub routed_total: AtomicU64,
+    /// Attempts that failed (connect errors, 5xx, broken streams).
+    pub errors_total: AtomicU64,
+    /// KV events applied to the index.
+    pub kv_events: AtomicU64,
+    /// Index resyncs after gaps in the KV event sequence.
+    pub kv_resyncs: AtomicU64,
+    /// Fires when the replica is removed (stops its KV subscriber).
+    pub removed: CancellationToken,
+}
+
+impl Replica {
+    /// Whether it is in rotation.
+    pub fn healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+}
+
+/// An engine with the policy version it runs and its random stream.
+#[derive(Debug)]
+pub struct PolicyEngine {
+    /// The engine.
+    pub engine: Engine,
+    /// Policy version the engine runs.
+    pub version: u64,
+    /// Seeded random stream for the policies that draw.
+    pub rng: SmallRng,
+}
+
+/// The replicas serving one model, with their engine.
+#[derive(Debug)]
+pub struct Group {
+    /// The model name ("" for replicas whose model is unknown).
+    pub model: String,
+    /// The group's engine.
+    pub engine: Mutex<PolicyEngine>,
+}
+
+/// One immutable view of the fleet.
+#[derive(Debug, Default)]
+pub struct FleetView {
+    /// Every replica, in the order added.
+    pub replicas: Vec<Arc<Replica>>,
+    /// Groups by model.
+    pub groups: BTreeMap<String, Arc<Group>>,
+}
+
+/// Why a request's model has no replicas.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GroupError {
+    /// No replica serves the model.
+    #[error("model {model:?} is not served by this router; available models: {}", available.join(", "))]
+    UnknownModel {
+        /// Requested.
+        model: String,
+        /// Served.
+        available: Vec<String>,
+    },
+    /// Several models are served and the request named none.
+    #[error("this router serves several models ({}); set `model` in the request", available.join(", "))]
+    ModelRequired {
+        /// Served.
+        available: Vec<String>,
+    },
+    /// No replicas at all.
+    #[error("the router has no replicas; add one with --replica URL or POST /admin/replicas")]
+    NoReplicas,
+}
+
+impl FleetView {
+    /// The group that serves `model`.
+    pub fn group_for(&self, model: Option<&str>) -> Result<&Arc<Group>, GroupError> {
+        let known: Vec<String> = self.groups.keys().filter(|name| !name.is_empty()).cloned().collect();
+        match model {
+            Some(model) => self
+                .groups
+                .get(model)
+                .or_else(|| self.groups.get(""))
+                .ok_or_else(|| GroupError::UnknownModel { model: model.to_owned(), available: known }),
+            None => {
+                if self.groups.len() == 1 {
+                    return self.groups.values().next().ok_or(GroupError::NoReplicas);
+                }
+                if self.groups.is_empty() {
+                    return Err(GroupError::NoReplicas);
+                }
+                if known.len() == 1 {
+                    return self.groups.get(&known[0]).ok_or(GroupError::NoReplicas);
+                }
+                Err(GroupError::ModelRequired { available: known })
+            }
+        }
+    }
+
+    /// A replica by id.
+    pub fn replica(&self, id: ReplicaId) -> Option<&Arc<Replica>> {
+        self.replicas.iter().find(|replica| replica.id == id)
+    }
+
+    /// Served model names (without the unknown group).
+    pub fn models(&self) -> Vec<String> {
+        self.groups.keys().filter(|name| !name.is_empty()).cloned().collect()
+    }
+}
+
+/// One version of the policy.
+#[derive(Debug, Clone)]
+pub struct PolicyVersion {
+    /// Version number, from 1.
+    pub version: u64,
+    /// The spec.
+    pub spec: PolicySpec,
+    /// Its hashing parameters (how prompts are cut into blocks).
+    pub hashing: HashingParams,
+    /// Its policy name.
+    pub name: &'static str,
+    /// The version whose spec was in force before this one (what a rollback restores).
+    pub previous: Option<u64>,
+}
+
+impl PolicyVersion {
+    fn new(version: u64, spec: PolicySpec, previous: Option<u64>) -> Result<Self, SpecError> {
+        let resolved = spec.resolve()?;
+        Ok(Self { version, hashing: resolved.hashing(), name: resolved.name(), spec, previous })
+    }
+}
+
+/// A recorded pick, as `GET /admin/decisions` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionRecord {
+    /// When the pick happened (Unix ms).
+    pub ts_ms: u64,
+    /// The router's request id.
+    pub request_id: u64,
+    /// Requested model.
+    pub model: Option<String>,
+    /// URL of the replica that served it (after retries), or of the pick when none could.
+    pub replica: String,
+    /// Policy name.
+    pub policy: String,
+    /// Policy version.
+    pub policy_version: u64,
+    /// The engine's explanation of the pick.
+    pub decision: Decision,
+    /// Replicas tried, in order, when the first did not answer.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HeatEntry {
+    ts_ms: u64,
+    group: u64,
+    replica: ReplicaId,
+    matched_blocks: u32,
+}
+
+/// Recent traffic by prefix group (first block hash) and replica.
+#[derive(Debug, Default)]
+struct HeatWindow {
+    entries: VecDeque<HeatEntry>,
+}
+
+/// One prefix group's recent traffic: (requests, replica -> (requests, max matched blocks, requests with a hit)).
+type GroupHeat = (u64, BTreeMap<ReplicaId, (u64, u32, u64)>);
+
+/// Admin-side state: changes are serialised through it.
+#[derive(Debug)]
+pub struct AdminState {
+    /// URL -> id.
+    pub names: ReplicaNames,
+    /// Recent policy versions, oldest first; the last is in force.
+    pub history: VecDeque<PolicyVersion>,
+}
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct RouterState {
+    /// The configuration the router started with.
+    pub config: RouterConfig,
+    /// The replica set.
+    pub fleet: ArcSwap<FleetView>,
+    /// The policy in force.
+    pub policy: ArcSwap<PolicyVersion>,
+    /// Serialises admin changes.
+    pub admin: tokio::sync::Mutex<AdminState>,
+    /// Counters.
+    pub metrics: Metrics,
+    /// Traffic recording.
+    pub recorder: Recorder,
+    decisions: Mutex<VecDeque<Arc<DecisionRecord>>>,
+    heat: Mutex<HeatWindow>,
+    /// Client for replicas (requests, probes).
+    pub client: reqwest::Client,
+    /// Tokenizer for token-exact blocks.
+    pub tokenizer: Option<Arc<dyn Tokenize>>,
+    next_request: AtomicU64,
+    started: Instant,
+    /// Fires when the router shuts down.
+    pub shutdown: CancellationToken,
+}
+
+impl RouterState {
+    /// Builds the state (no replicas yet; add them with [`RouterState::add_replica`]).
+    pub fn new(config: RouterConfig, tokenizer: Option<Arc<dyn Tokenize>>) -> anyhow::Result<Arc<Self>> {
+        config.validate()?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .read_timeout(config.read_timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .build()?;
+        let first = PolicyVersion::new(1, config.policy.clone(), None)?;
+        let recorder = Recorder::new(&config.record)?;
+        let decisions_capacity = config.decisions_capacity;
+        Ok(Arc::new(Self {
+            fleet: ArcSwap::from_pointee(FleetView::default()),
+            policy: ArcSwap::from_pointee(first.clone()),
+            admin: tokio::sync::Mutex::new(AdminState {
+                names: ReplicaNames::new(),
+                history: VecDeque::from([first]),
+            }),
+            metrics: Metrics::default(),
+            recorder,
+            decisions: Mutex::new(VecDeque::with_capacity(decisions_capacity.min(4096))),
+            heat: Mutex::new(HeatWindow::default()),
+            client,
+            tokenizer,
+            next_request: AtomicU64::new(1),
+            started: Instant::now(),
+            shutdown: CancellationToken::new(),
+            config,
+        }))
+    }
+
+    /// Milliseconds since the router started: the engine's clock.
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// A fresh request id.
+    pub fn next_request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Adds a replica (learning its model from `/v1/models` when the spec has none). Errors when its URL is
+    /// already in the fleet.
+    pub async fn add_replica(
+        self: &Arc<Self>,
+        mut spec: ReplicaSpec,
+    ) -> Result<Arc<Replica>, AddReplicaError> {
+        if self.fleet.load().replicas.iter().any(|replica| replica.spec.url == spec.url) {
+            return Err(AddReplicaError::Exists(spec.url));
+        }
+        if spec.kv_events.is_none()
+            && let (Some(offset), Some((host, port))) = (self.config.kv_events_port_offset, spec.host_port())
+        {
+            spec.kv_events = port.checked_add(offset).map(|kv_port| format!("tcp://{host}:{kv_port}"));
+        }
+        let model = match &spec.model {
+            Some(model) => model.clone(),
+            None => self.learn_model(&spec.url).await.unwrap_or_default(),
+        };
+        let mut admin = self.admin.lock().await;
+        let current = self.fleet.load_full();
+        if current.replicas.iter().any(|replica| replica.spec.url == spec.url) {
+            return Err(AddReplicaError::Exists(spec.url));
+        }
+        let id = admin.names.intern(&spec.url);
+        let replica = Arc::new(Replica {
+            id,
+            spec,
+            model: model.clone(),
+            healthy: AtomicBool::new(true),
+            health: Mutex::new(HealthTracker::new(self.config.health.fall, self.config.health.rise)),
+            routed_total: AtomicU64::new(0),
+            errors_total: AtomicU64::new(0),
+            kv_events: AtomicU64::new(0),
+            kv_resyncs: AtomicU64::new(0),
+            removed: self.shutdown.child_token(),
+        });
+        let mut groups = current.groups.clone();
+        // Publish the view first, then teach the engine: a pick never names a replica the view lacks.
+        let group = match groups.get(&model) {
+            Some(group) => group.clone(),
+            None => {
+                let policy = self.policy.load();
+                let engine = Engine::new(policy.spec.clone(), &[]).map_err(AddReplicaError::Policy)?;
+                let group = Arc::new(Group {
+                    model: model.clone(),
+                    engine: Mutex::new(PolicyEngine {
+                        engine,
+                        version: policy.version,
+                        rng: SmallRng::seed_from_u64(self.config.seed ^ u64::from(id.0)),
+                    }),
+                });
+                groups.insert(model.clone(), group.clone());
+                group
+            }
+        };
+        let mut replicas = current.replicas.clone();
+        replicas.push(replica.clone());
+        self.fleet.store(Arc::new(FleetView { replicas, groups }));
+        lock(&group.engine).engine.add_replica(id);
+        drop(admin);
+        if replica.spec.kv_events.is_some() {
+            crate::kv_events::spawn_subscriber(self.clone(), replica.clone());
+        }
+        Ok(replica)
+    }
+
+    async fn learn_model(&self, url: &str) -> Option<String> {
+        let response =
+            self.client.get(format!("{url}/v1/models")).timeout(Duration::from_secs(2)).send().await.ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        let body = crate::proxy::read_limited(response, 1 << 20).await.ok()?;
+        let models: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        models["data"][0]["id"].as_str().map(str::to_owned)
+    }
+
+    /// Removes a replica; requests in flight on it finish. Returns it, or `None` when unknown.
+    pub async fn remove_replica(&self, id: ReplicaId) -> Option<Arc<Replica>> {
+        let _admin = self.admin.lock().await;
+        let current = self.fleet.load_full();
+        let replica = current.replica(id)?.clone();
+        let mut groups = current.groups.clone();
+        // Teach the engine first, then publish the view: the engine never picks it once it is gone.
+        if let Some(group) = groups.get(&replica.model) {
+            lock(&group.engine).engine.remove_replica(id);
+        }
+        let replicas: Vec<Arc<Replica>> = current.replicas.iter().filter(|r| r.id != id).cloned().collect();
+        if !replicas.iter().any(|r| r.model == replica.model) {
+            groups.remove(&replica.model);
+        }
+        self.fleet.store(Arc::new(FleetView { replicas, groups }));
+        replica.removed.cancel();
+        Some(replica)
+    }
+
+    /// Records a health outcome for a replica (probe or passive); applies a change to its engine.
+    pub fn observe_health(&self, replica: &Replica, success: bool) {
+        let change = lock(&replica.health).observe(success);
+        if let Some(healthy) = change {
+            replica.healthy.store(healthy, Ordering::Relaxed);
+            if let Some(group) = self.fleet.load().groups.get(&replica.model) {
+                let _ = lock(&group.engine).engine.set_health(replica.id, healthy);
+            }
+            if healthy {
+                tracing::info!(replica = %replica.spec.url, "replica back in rotation");
+            } else {
+                tracing::warn!(replica = %replica.spec.url, "replica out of rotation");
+            }
+        }
+    }
+
+    /// Makes `spec` the new policy version, if `expected_version` is the one in force.
+    pub async fn put_policy(
+        &self,
+        expected_version: u64,
+        spec: PolicySpec,
+    ) -> Result<Arc<PolicyVersion>, PolicyChangeError> {
+        let mut admin = self.admin.lock().await;
+        let current = self.policy.load_full();
+        if current.version != expected_version {
+            return Err(PolicyChangeError::VersionConflict { current_version: current.version });
+        }
+        let next = PolicyVersion::new(current.version + 1, spec, Some(current.version))
+            .map_err(PolicyChangeError::Invalid)?;
+        Ok(self.apply_policy(&mut admin, next))
+    }
+
+    /// Makes the spec in force before the current version the new version.
+    pub async fn rollback_policy(&self) -> Result<Arc<PolicyVersion>, PolicyChangeError> {
+        let mut admin = self.admin.lock().await;
+        let current = self.policy.load_full();
+        let previous = current
+            .previous
+            .and_then(|version| admin.history.iter().find(|v| v.version == version).cloned())
+            .ok_or(PolicyChangeError::NoPreviousVersion)?;
+        let next = PolicyVersion::new(current.version + 1, previous.spec, previous.previous)
+            .map_err(PolicyChangeError::Invalid)?;
+        Ok(self.apply_policy(&mut admin, next))
+    }
+
+    fn apply_policy(&self, admin: &mut AdminState, next: PolicyVersion) -> Arc<PolicyVersion> {
+        for group in self.fleet.load().groups.values() {
+            let mut engine = lock(&group.engine);
+            // The spec was resolved in PolicyVersion::new, so reconfigure cannot fail; keep the old one if it did.
+            if engine.engine.reconfigure(next.spec.clone()).is_ok() {
+                engine.version = next.version;
+            }
+        }
+        admin.history.push_back(next.clone());
+        while admin.history.len() > POLICY_HISTORY {
+            admin.history.pop_front();
+        }
+        let next = Arc::new(next);
+        self.policy.store(next.clone());
+        self.metrics.policy_swaps.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(version = next.version, policy = next.name, "policy applied");
+        next
+    }
+
+    /// Keeps a decision for `GET /admin/decisions` and the prefix-heat window.
+    pub fn remember_decision(&self, record: DecisionRecord, first_block: Option<u64>, served_by: ReplicaId) {
+        let matched = record.decision.chosen().and_then(|c| c.matched_blocks).unwrap_or(0);
+        if let Some(group) = first_block {
+            let window_ms = self.config.heat_window.as_millis() as u64;
+            let mut heat = lock(&self.heat);
+            while heat.entries.len() >= HEAT_ENTRIES
+                || heat.entries.front().is_some_and(|e| record.ts_ms.saturating_sub(e.ts_ms) > window_ms)
+            {
+                heat.entries.pop_front();
+            }
+            heat.entries.push_back(HeatEntry {
+                ts_ms: record.ts_ms,
+                group,
+                replica: served_by,
+                matched_blocks: matched,
+            });
+        }
+        let mut decisions = lock(&self.decisions);
+        if decisions.len() >= self.config.decisions_capacity {
+            decisions.pop_front();
+        }
+        decisions.push_back(Arc::new(record));
+    }
+
+    /// The newest `limit` decisions, newest first.
+    pub fn recent_decisions(&self, limit: usize) -> Vec<Arc<DecisionRecord>> {
+        lock(&self.decisions).iter().rev().take(limit).cloned().collect()
+    }
+
+    /// The `/admin/state` document.
+    pub fn state_document(&self) -> serde_json::Value {
+        let fleet = self.fleet.load_full();
+        let policy = self.policy.load_full();
+        let mut replicas = Vec::new();
+        for replica in &fleet.replicas {
+            let status = fleet
+                .groups
+                .get(&replica.model)
+                .and_then(|group| lock(&group.engine).engine.replica_status(replica.id));
+            let (outstanding, prefill_tokens, indexed_blocks) = status.map_or((0, 0, 0), |s| {
+                (s.outstanding, s.prefill_tokens, s.routed_index_blocks + s.kv_blocks[0])
+            });
+            replicas.push(serde_json::json!({
+                "id": replica.id.0,
+                "url": replica.spec.url,
+                "model": replica.model,
+                "healthy": replica.healthy(),
+                "outstanding": outstanding,
+                "prefill_tokens": prefill_tokens,
+                "routed_total": replica.routed_total.load(Ordering::Relaxed),
+                "errors_total": replica.errors_total.load(Ordering::Relaxed),
+                "indexed_blocks": indexed_blocks,
+            }));
+        }
+        let window_ms = self.config.heat_window.as_millis() as u64;
+        let now = unix_ms();
+        let mut groups: HashMap<u64, GroupHeat> = HashMap::new();
+        let mut total = 0u64;
+        for entry in lock(&self.heat).entries.iter().filter(|e| now.saturating_sub(e.ts_ms) <= window_ms) {
+            total += 1;
+            let group = groups.entry(entry.group).or_default();
+            group.0 += 1;
+            let per_replica = group.1.entry(entry.replica).or_default();
+            per_replica.0 += 1;
+            per_replica.1 = per_replica.1.max(entry.matched_blocks);
+            per_replica.2 += u64::from(entry.matched_blocks > 0);
+        }
+        let mut ranked: Vec<(u64, GroupHeat)> = groups.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.0.cmp(&a.1.0).then(a.0.cmp(&b.0)));
+        let prefix_groups: Vec<serde_json::Value> = ranked
+            .into_iter()
+            .take(TOP_GROUPS)
+            .map(|(group, (requests, per_replica))| {
+                let replicas: Vec<serde_json::Value> = per_replica
+                    .into_iter()
+                    .map(|(id, (served, cached_blocks, hits))| {
+                        serde_json::json!({
+                            "id": id.0,
+                            "requests": served,
+                            "cached_blocks": cached_blocks,
+                            "hit_share": hits as f64 / served.max(1) as f64,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "group": format!("{group:016x}"),
+                    "requests": requests,
+                    "share": requests as f64 / total.max(1) as f64,
+                    "replicas": replicas,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "policy": {"name": policy.name, "version": policy.version},
+            "replicas": replicas,
+            "prefix_groups": prefix_groups,
+            "window_s": self.config.heat_window.as_secs(),
+        })
+    }
+
+    /// Per-replica gauges for `/metrics`.
+    pub fn replica_gauges(&self) -> Vec<ReplicaGauges> {
+        let fleet = self.fleet.load_full();
+        fleet
+            .replicas
+            .iter()
+            .map(|replica| {
+                let outstanding = fleet
+                    .groups
+                    .get(&replica.model)
+                    .and_then(|group| lock(&group.engine).engine.replica_status(replica.id))
+                    .map_or(0, |status| status.outstanding);
+                ReplicaGauges {
+                    url: replica.spec.url.clone(),
+                    healthy: replica.healthy(),
+                    outstanding,
+                    kv_events: replica.kv_events.load(Ordering::Relaxed),
+                    kv_resyncs: replica.kv_resyncs.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Why a replica could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum AddReplicaError {
+    /// Its URL is already in the fleet.
+    #[error("{0} is already a replica of this router")]
+    Exists(String),
+    /// The policy in force could not build an engine (not expected: it was validated).
+    #[error("cannot build an engine for the new model group: {0}")]
+    Policy(SpecError),
+}
+
+/// Why a policy change was refused (the old policy stays in force).
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyChangeError {
+    /// `If-Match` named a version that is no longer in force.
+    #[error(
+        "the policy is at version {current_version}; fetch it again and retry with If-Match: \"{current_version}\""
+    )]
+    VersionConflict {
+        /// The version in force.
+        current_version: u64,
+    },
+    /// The spec is invalid.
+    #[error("{0}")]
+    Invalid(SpecError),
+    /// Nothing to roll back to.
+    #[error("there is no previous policy version to roll back to")]
+    NoPreviousVersion,
+}
+
+/// Runs active health probes of every replica until shutdown.
+pub async fn probe_loop(state: Arc<RouterState>) {
+    let health = state.config.health.clone();
+    let mut ticker = tokio::time::interval(health.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = state.shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let fleet = state.fleet.load_full();
+        let probes = fleet.replicas.iter().map(|replica| {
+            let state = state.clone();
+            let replica = replica.clone();
+            let path = health.path.clone();
+            async move {
+                let ok = matches!(
+                    state.client.get(format!("{}{path}", replica.spec.url)).timeout(health.timeout).send().await,
+                    Ok(response) if response.status().is_success()
+                );
+                state.observe_health(&replica, ok);
+            }
+        });
+        futures_util::future::join_all(probes).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn policy_versions_check_and_roll_back() {
+        let state = RouterState::new(RouterConfig::default(), None).unwrap();
+        assert_eq!(state.policy.load().version, 1);
+        let conflict = state.put_policy(7, PolicySpec::named("random")).await.unwrap_err();
+        assert!(matches!(conflict, PolicyChangeError::VersionConflict { current_version: 1 }));
+        assert!(matches!(state.rollback_policy().await, Err(PolicyChangeError::NoPreviousVersion)));
+        let v2 = state.put_policy(1, PolicySpec::named("random")).await.unwrap();
+        let v3 = state.put_policy(2, PolicySpec::named("least_load")).await.unwrap();
+        assert_eq!((v2.version, v3.name), (2, "least_load"));
+        let v4 = state.rollback_policy().await.unwrap();
+        assert_eq!((v4.version, v4.name), (4, "random"));
+        let v5 = state.rollback_policy().await.unwrap();
+        assert_eq!((v5.version, v5.name), (5, "round_robin"));
+        assert!(matches!(state.rollback_policy().await, Err(PolicyChangeError::NoPreviousVersion)));
+    }
+
+    #[tokio::test]
+    async fn groups_are_found_by_model() {
+        let state = RouterState::new(RouterConfig::default(), None).unwrap();
+        let view = state.fleet.load_full();
+        assert_eq!(view.group_for(None).unwrap_err(), GroupError::NoReplicas);
+        state.add_replica("http://127.0.0.1:9,model=a".parse().unwrap()).await.unwrap();
+        state.add_replica("http://127.0.0.1:10,model=b".parse().unwrap()).await.unwrap();
+        let view = state.fleet.load_full();
+        assert_eq!(view.group_for(Some("b")).unwrap().model, "b");
+        assert!(matches!(view.group_for(Some("c")), Err(GroupError::UnknownModel { .. })));
+        assert!(matches!(view.group_for(None), Err(GroupError::ModelRequired { .. })));
+        assert!(state.add_replica("http://127.0.0.1:9,model=a".parse().unwrap()).await.is_err());
+        let removed = state.remove_replica(ReplicaId(1)).await.unwrap();
+        assert_eq!(removed.model, "b");
+        assert_eq!(state.fleet.load().group_for(None).unwrap().model, "a");
+    }
+}

@@ -1,0 +1,18 @@
+//! fleet-router's integration tests: real fleet-sim replicas (in-process or as processes) and real HTTP
+//! on 127.0.0.1 port 0. Process-based tests need the `fleet-sim` binary: `cargo build -p fleet-sim`.
+
+#[path = "router/support.rs"]
+mod support;
+
+#[path = "router/admin.rs"]
+mod admin;
+#[path = "router/kv_events.rs"]
+mod kv_events;
+#[path = "router/load.rs"]
+mod load;
+#[path = "router/openai_client.rs"]
+mod openai_client;
+#[path = "router/resilience.rs"]
+mod resilience;
+#[path = "router/routing.rs"]
+mod routing;

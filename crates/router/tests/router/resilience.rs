@@ -1,0 +1,206 @@
+//! Failing replicas: health with hysteresis, retries before the first byte, death mid-stream.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use fleet_router::RouterConfig;
+use fleet_sim::ModelConfig;
+use fleet_test_support::{eventually, loopback_listener, spawn_sim};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{SimProcess, TOKEN, chat, client, router, sse_data};
+
+async fn healthy_of(http: &reqwest::Client, router: &str, url: &str) -> Result<bool> {
+    let replicas: Value =
+        http.get(format!("{router}/admin/replicas")).bearer_auth(TOKEN).send().await?.json().await?;
+    let replica = replicas.as_array().and_then(|all| all.iter().find(|r| r["url"] == url)).cloned();
+    Ok(replica.and_then(|r| r["healthy"].as_bool()).unwrap_or(false))
+}
+
+#[tokio::test]
+async fn a_killed_replica_leaves_rotation_within_two_seconds_and_returns_after_restart() -> Result<()> {
+    let mut sims = Vec::new();
+    for _ in 0..3 {
+        sims.push(SimProcess::start(0).await?);
+    }
+    let urls: Vec<String> = sims.iter().map(|s| s.url.clone()).collect();
+    let router = router(RouterConfig {
+        replicas: urls.clone(),
+        admin_token: Some(TOKEN.to_owned()),
+        ..RouterConfig::default()
+    })
+    .await?;
+    let http = client();
+    let victim = sims.remove(1);
+    let victim_url = victim.url.clone();
+    let port = victim.kill();
+    let killed_at = Instant::now();
+    eventually("the killed replica out of rotation", Duration::from_secs(2), || {
+        let http = http.clone();
+        let (router_url, victim_url) = (router.url.clone(), victim_url.clone());
+        async move { Ok((!healthy_of(&http, &router_url, &victim_url).await?).then_some(())) }
+    })
+    .await?;
+    let out_after = killed_at.elapsed();
+    assert!(out_after < Duration::from_secs(2), "{out_after:?}");
+
+    // Meanwhile and afterwards every request is served, by the others.
+    for i in 0..6 {
+        let response = http
+            .post(format!("{}/v1/completions", router.url))
+            .json(&json!({"prompt": format!("p{i}"), "max_tokens": 1}))
+            .send()
+            .await?;
+        assert_eq!(response.status(), 200);
+        assert_ne!(response.headers()["x-fleet-replica"], victim_url.as_str());
+    }
+
+    let restarted = SimProcess::start(port).await?;
+    assert_eq!(restarted.url, victim_url);
+    eventually("the restarted replica back in rotation", Duration::from_secs(10), || {
+        let http = http.clone();
+        let (router_url, victim_url) = (router.url.clone(), victim_url.clone());
+        async move { Ok(healthy_of(&http, &router_url, &victim_url).await?.then_some(())) }
+    })
+    .await?;
+    let mut served_by_restarted = 0;
+    for i in 0..6 {
+        let response = http
+            .post(format!("{}/v1/completions", router.url))
+            .json(&json!({"prompt": format!("q{i}"), "max_tokens": 1}))
+            .send()
+            .await?;
+        assert_eq!(response.status(), 200);
+        served_by_restarted += usize::from(response.headers()["x-fleet-replica"] == victim_url.as_str());
+    }
+    assert_eq!(served_by_restarted, 2, "round robin over three replicas again");
+    Ok(())
+}
+
+/// A fake replica that fails every generation with 500 before its first byte but passes health checks
+/// (a fake because the failure must be certain on every request; fleet-sim's error_rate fault does the same).
+async fn failing_replica(stop: &CancellationToken) -> Result<String> {
+    let listener = loopback_listener().await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let app = Router::new()
+        .route("/v1/completions", post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "engine crashed") }))
+        .route(
+            "/v1/chat/completions",
+            post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "engine crashed") }),
+        )
+        .route("/health", get(|| async { StatusCode::OK }));
+    let stop = stop.clone();
+    tokio::spawn(
+        async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await },
+    );
+    Ok(url)
+}
+
+#[tokio::test]
+async fn connect_failures_and_5xx_before_the_first_byte_are_retried_elsewhere() -> Result<()> {
+    let stop = CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    let sim = spawn_sim(1, ModelConfig::default()).await?;
+    let dead = fleet_test_support::endpoints::unreachable_url().await?;
+    let failing = failing_replica(&stop).await?;
+    let model = fleet_sim::DEFAULT_MODEL;
+    let router = router(RouterConfig {
+        replicas: vec![
+            format!("{dead},model={model}"),
+            format!("{failing},model={model}"),
+            sim.urls()[0].clone(),
+        ],
+        admin_token: Some(TOKEN.to_owned()),
+        ..RouterConfig::default()
+    })
+    .await?;
+    let http = client();
+    for i in 0..9 {
+        let response = http
+            .post(format!("{}/v1/chat/completions", router.url))
+            .json(&chat("sys", &format!("q{i}"), 2, i % 2 == 0))
+            .send()
+            .await?;
+        assert_eq!(response.status(), 200, "request {i}");
+        assert_eq!(response.headers()["x-fleet-replica"], sim.urls()[0].as_str());
+        response.bytes().await?;
+    }
+    let metrics = http.get(format!("{}/metrics", router.url)).send().await?.text().await?;
+    let retries: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("fleet_router_retries_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(retries >= 2, "{metrics}");
+    // The retried decisions list their attempts.
+    let decisions: Value = http
+        .get(format!("{}/admin/decisions?limit=9", router.url))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert!(
+        decisions.as_array().unwrap().iter().any(|d| d["attempts"].as_array().is_some_and(|a| a.len() >= 2))
+    );
+
+    // With attempts capped at 1 and only failing replicas, the client gets a clear 502.
+    let only_failing = router_with_attempts(vec![format!("{failing},model=m")], 1).await?;
+    let response = http
+        .post(format!("{}/v1/completions", only_failing.url))
+        .json(&json!({"model": "m", "prompt": "x"}))
+        .send()
+        .await?;
+    assert_eq!(response.status(), 502);
+    let body: Value = response.json().await?;
+    assert!(body["error"]["message"].as_str().unwrap().contains("500"), "{body}");
+    Ok(())
+}
+
+async fn router_with_attempts(
+    replicas: Vec<String>,
+    max_attempts: usize,
+) -> Result<crate::support::TestRouter> {
+    router(RouterConfig { replicas, max_attempts, ..RouterConfig::default() }).await
+}
+
+#[tokio::test]
+async fn a_replica_dying_mid_stream_ends_the_stream_with_an_error_event() -> Result<()> {
+    let sim = SimProcess::start(0).await?;
+    let router = router(RouterConfig { replicas: vec![sim.url.clone()], ..RouterConfig::default() }).await?;
+    let http = client();
+    let response = http
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&chat("sys", "tell me a long story", 2000, true))
+        .send()
+        .await?;
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream();
+    let mut body = String::from_utf8(stream.next().await.expect("a first chunk")?.to_vec())?;
+    sim.kill();
+    let rest = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(chunk) => body.push_str(std::str::from_utf8(&chunk)?),
+                Err(error) => {
+                    anyhow::bail!("the client's stream broke instead of ending with an event: {error}")
+                }
+            }
+        }
+        Ok(body)
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("the stream hung after its replica died"))??;
+    let events = sse_data(&rest);
+    let last: Value = serde_json::from_str(events.last().expect("events"))?;
+    assert_eq!(last["error"]["type"], "upstream_error", "{rest}");
+    assert!(events.len() < 2000, "the stream ended early");
+    let metrics = http.get(format!("{}/metrics", router.url)).send().await?.text().await?;
+    assert!(metrics.contains("fleet_router_stream_errors_total 1"), "{metrics}");
+    Ok(())
+}
