@@ -8,6 +8,7 @@ mod headless;
 mod history;
 mod probe;
 mod shell;
+mod shell_rollout;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,7 +16,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Parser;
 use fleetdeck_control::demo::{DemoConfig, DemoFleet};
-use fleetdeck_control::{Control, ControlConfig};
+use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use tokio_util::sync::CancellationToken;
 
 /// Port the headless server prefers when `--listen` is not given.
@@ -41,6 +42,16 @@ struct Cli {
     /// A replica to watch: its base URL (metrics at /metrics) or full metrics URL. Repeatable.
     #[arg(long = "replica")]
     replicas: Vec<String>,
+    /// A fleet-router whose admin API feeds the heat map, decisions and headroom views. Repeatable;
+    /// pair each with a --router-token-file in the same order.
+    #[arg(long = "router")]
+    routers: Vec<String>,
+    /// File holding the admin token of the --router at the same position (mode 0600).
+    #[arg(long = "router-token-file")]
+    router_token_files: Vec<PathBuf>,
+    /// Seconds between scrapes of each replica.
+    #[arg(long, default_value_t = 1.0)]
+    scrape_interval: f64,
     /// Serve the UI and its API over HTTP instead of opening a window.
     #[arg(long)]
     headless: bool,
@@ -83,10 +94,18 @@ fn main() -> Result<()> {
             "--replica {url:?} is not an http(s) URL; write it like http://127.0.0.1:8100"
         );
     }
+    for url in &cli.routers {
+        anyhow::ensure!(
+            url.starts_with("http://") || url.starts_with("https://"),
+            "--router {url:?} is not an http(s) URL; write it like http://127.0.0.1:8080"
+        );
+    }
     anyhow::ensure!(
-        cli.demo || !cli.replicas.is_empty(),
-        "nothing to watch: pass --demo for the embedded demo fleet, or --replica URL for each replica"
+        cli.router_token_files.len() <= cli.routers.len(),
+        "there are more --router-token-file than --router options; give one token file per router, in order"
     );
+    let scrape_interval = fleetdeck_control::settings::validate_interval(cli.scrape_interval)
+        .map_err(|e| anyhow::anyhow!("--scrape-interval: {e}"))?;
     let db = match &cli.db {
         Some(path) => path.clone(),
         None => dirs::data_dir()
@@ -99,18 +118,28 @@ fn main() -> Result<()> {
     tauri::async_runtime::set(runtime.handle().clone());
     let cancel = CancellationToken::new();
     let control = runtime.block_on(async {
-        let mut targets = cli.replicas.clone();
+        let mut config = ControlConfig::new(cli.replicas.clone(), db.clone());
+        config.scrape_interval = scrape_interval;
+        for (i, url) in cli.routers.iter().enumerate() {
+            config.routers.push(RouterTarget {
+                url: url.clone(),
+                token: None,
+                token_file: cli.router_token_files.get(i).cloned(),
+            });
+        }
         if cli.demo {
             let demo = DemoFleet::start(
                 &DemoConfig { replicas: cli.demo_replicas, ..DemoConfig::default() },
+                &config.token_dir,
                 &cancel,
             )
             .await?;
             println!("demo fleet: {} replicas, router at {}", demo.replica_urls.len(), demo.router_url);
-            targets.extend(demo.replica_urls);
+            config.targets.extend(demo.replica_urls);
+            config.routers.push(demo.router);
         }
         println!("history: {}", db.display());
-        Control::start(ControlConfig::new(targets, db), cancel.clone()).await
+        Control::start(config, cancel.clone()).await
     })?;
 
     let context = tauri::generate_context!();

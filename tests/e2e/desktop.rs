@@ -1,4 +1,5 @@
-//! The real Tauri window under Xvfb, driven through tauri-driver: the same UI as the browser.
+//! The real Tauri window under Xvfb, driven through tauri-driver: the same UI as the browser,
+//! through the overview (tiles, table, chart) and a replica's detail charts.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use fleet_test_support::{eventually, spawn_router, spawn_sim};
 use crate::browser::{row_texts, steady_traffic};
 
 #[tokio::test]
-async fn the_desktop_window_shows_the_fleet_table_and_chart() -> Result<()> {
+async fn the_desktop_window_shows_the_overview_and_a_replica_detail() -> Result<()> {
     let sim = spawn_sim(4, ModelConfig::default()).await?;
     let router = spawn_router(sim.urls()).await?;
     let _traffic = steady_traffic(router.url());
@@ -44,9 +45,35 @@ async fn the_desktop_window_shows_the_fleet_table_and_chart() -> Result<()> {
     })
     .await?;
 
+    eventually("four tiles in the overview", Duration::from_secs(30), || async {
+        let tiles = window.find_all(Locator::Css("[data-testid=replica-tile]")).await?;
+        Ok((tiles.len() == 4).then_some(()))
+    })
+    .await?;
     let shot = artifacts_dir()?.join("desktop-fleet.png");
     std::fs::write(&shot, window.screenshot().await?)?;
     println!("screenshot: {}", shot.display());
+
+    // A replica's detail: click its tile, its history charts draw in the window.
+    window.find(Locator::Css("[data-testid=replica-tile]")).await?.click().await?;
+    eventually("the replica's charts in the window", Duration::from_secs(60), || async {
+        let ttft = window.find(Locator::Css("[data-testid=chart-ttft]")).await?.html(true).await?;
+        let kv = window.find(Locator::Css("[data-testid=chart-kv]")).await?.html(true).await?;
+        Ok((ttft.contains("polyline") && kv.contains("<svg")).then_some(()))
+    })
+    .await?;
+    let meta = window.find(Locator::Css("[data-testid=replica-meta]")).await?.text().await?;
+    assert!(meta.contains("vllm"), "the detail names the engine: {meta}");
+    let shot = artifacts_dir()?.join("desktop-replica.png");
+    std::fs::write(&shot, window.screenshot().await?)?;
+    println!("screenshot: {}", shot.display());
+
+    // Back to the overview with the link.
+    window.find(Locator::Css("[data-testid=back-to-fleet]")).await?.click().await?;
+    eventually("the overview again", Duration::from_secs(30), || async {
+        Ok((window.find_all(Locator::Css("[data-testid=replica-tile]")).await?.len() == 4).then_some(()))
+    })
+    .await?;
     window.close().await?;
     Ok(())
 }

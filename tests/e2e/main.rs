@@ -3,10 +3,15 @@
 //! - [`stack`]: emulated replicas behind fleet-router, driven by a real HTTP client.
 //! - [`app`]: the `fleetdeck` binary in headless mode: its API, its history file, bad endpoints.
 //! - [`browser`]: headless Chromium loading the headless app's UI.
+//! - [`rollout`]: the policy loop in Chromium: edit, what-if, push, canary rollback, history.
 //! - [`desktop`]: the real Tauri window under Xvfb, driven through tauri-driver.
+//! - [`views`]: every view of the app in headless Chromium against the demo fleet, and the
+//!   overview's render time at 1,000 replicas.
 
 mod app;
 mod browser;
 mod desktop;
 mod probe;
+mod rollout;
 mod stack;
+mod views;

@@ -1,4 +1,5 @@
-//! The TTFT p95 chart, rendered by plotters to an SVG string from plain snapshot data.
+//! Charts rendered by plotters to SVG strings from plain data: the fleet's TTFT p95 chart and
+//! the replica detail's history charts (with policy-change markers).
 //!
 //! The fleet view sets the result as the inner HTML of its chart container. Rendering to a
 //! string (rather than drawing onto a canvas) keeps this a pure function that host tests can
@@ -153,6 +154,180 @@ pub fn render_svg(series: &[Series], now_ms: i64, window_s: u32) -> Result<Strin
     Ok(svg)
 }
 
+/// What a history chart's y axis measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum YUnit {
+    Seconds,
+    /// 0..=1, drawn as a percentage on a fixed 0..100% axis.
+    Ratio,
+    Count,
+    PerSecond,
+}
+
+impl YUnit {
+    fn tick(self, v: f64) -> String {
+        match self {
+            YUnit::Seconds => format::axis_seconds(v),
+            YUnit::Ratio => format!("{:.0}%", v * 100.0),
+            YUnit::Count | YUnit::PerSecond => {
+                if v.abs() >= 10_000.0 {
+                    format!("{:.0}k", v / 1000.0)
+                } else if v.abs() >= 10.0 || v == v.round() {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v:.1}")
+                }
+            }
+        }
+    }
+}
+
+/// One line of a history chart.
+#[derive(Debug, Clone, Copy)]
+pub struct Line<'a> {
+    pub label: &'a str,
+    pub points: &'a [(i64, f64)],
+}
+
+/// Size of a history chart (several share a row of the replica view).
+pub const HISTORY_WIDTH: u32 = 640;
+/// See [`HISTORY_WIDTH`].
+pub const HISTORY_HEIGHT: u32 = 240;
+
+/// The x-axis tick for `x` seconds before now, in the unit that suits a window of `window_s`.
+pub fn relative_tick(x: f64, window_s: u32) -> String {
+    if x >= 0.0 {
+        "now".to_owned()
+    } else if window_s <= 900 {
+        format!("{x:.0} s")
+    } else if window_s <= 3 * 3600 {
+        format!("{:.0} min", x / 60.0)
+    } else if window_s <= 3 * 86_400 {
+        format!("{:.0} h", x / 3600.0)
+    } else {
+        format!("{:.0} d", x / 86_400.0)
+    }
+}
+
+/// A history chart's inner HTML: lines over the window, a dashed vertical marker with its label
+/// at each policy change, or the empty-state note when there are no points.
+pub fn history_chart_html(
+    unit: YUnit,
+    lines: &[Line<'_>],
+    markers: &[(i64, String)],
+    now_ms: i64,
+    window_s: u32,
+) -> String {
+    let window = f64::from(window_s);
+    let relative: Vec<(&str, Vec<(f64, f64)>)> = lines
+        .iter()
+        .map(|l| {
+            let pts = l
+                .points
+                .iter()
+                .map(|&(t, v)| ((t - now_ms) as f64 / 1000.0, v))
+                .filter(|&(x, v)| x >= -window && x <= 0.0 && v.is_finite())
+                .collect();
+            (l.label, pts)
+        })
+        .collect();
+    if relative.iter().all(|(_, pts)| pts.is_empty()) {
+        return format!(r#"<div class="chart-empty">{}</div>"#, HISTORY_EMPTY_TEXT);
+    }
+    match render_history(unit, &relative, markers, now_ms, window_s) {
+        Ok(svg) => svg,
+        Err(e) => format!(r#"<div class="chart-empty">chart unavailable: {}</div>"#, escape(&e)),
+    }
+}
+
+/// What a history chart shows with nothing to draw.
+pub const HISTORY_EMPTY_TEXT: &str = "no samples in this window yet";
+
+fn render_history(
+    unit: YUnit,
+    lines: &[(&str, Vec<(f64, f64)>)],
+    markers: &[(i64, String)],
+    now_ms: i64,
+    window_s: u32,
+) -> Result<String, String> {
+    let max_y = lines.iter().flat_map(|(_, pts)| pts.iter().map(|p| p.1)).fold(0.0_f64, f64::max);
+    let y_top = match unit {
+        YUnit::Ratio => 1.0,
+        YUnit::Seconds => (max_y * 1.15).max(0.05),
+        YUnit::Count | YUnit::PerSecond => (max_y * 1.15).max(1.0),
+    };
+    let x_left = -f64::from(window_s);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (HISTORY_WIDTH, HISTORY_HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let axis_colour = RGBColor(0x5f, 0x63, 0x68);
+        let label_font = ("sans-serif", 15).into_font().color(&axis_colour);
+        let mut chart = ChartBuilder::on(&root)
+            .margin_top(22)
+            .margin_right(14)
+            .margin_left(6)
+            .margin_bottom(4)
+            .x_label_area_size(28)
+            .y_label_area_size(56)
+            .build_cartesian_2d(x_left..0.0, 0.0..y_top)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .bold_line_style(RGBColor(0xe3, 0xe5, 0xe8))
+            .light_line_style(RGBColor(0xf3, 0xf4, 0xf6))
+            .axis_style(RGBColor(0xc4, 0xc7, 0xcc))
+            .x_labels(7)
+            .y_labels(5)
+            .x_label_formatter(&|x| relative_tick(*x, window_s))
+            .y_label_formatter(&|y| unit.tick(*y))
+            .label_style(label_font.clone())
+            .draw()
+            .map_err(|e| e.to_string())?;
+        // Markers first, so the lines stay on top of them.
+        let marker_colour = RGBColor(0x8e, 0x44, 0xad);
+        for (ts, label) in markers {
+            let x = (*ts - now_ms) as f64 / 1000.0;
+            if x < x_left || x > 0.0 {
+                continue;
+            }
+            let mut y = 0.0;
+            let step = y_top / 24.0;
+            while y < y_top {
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(x, y), (x, (y + step).min(y_top))],
+                        marker_colour.stroke_width(2),
+                    )))
+                    .map_err(|e| e.to_string())?;
+                y += 2.0 * step;
+            }
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    legend_label(label),
+                    (x, y_top),
+                    ("sans-serif", 13).into_font().color(&marker_colour),
+                )))
+                .map_err(|e| e.to_string())?;
+        }
+        let legend_font = ("sans-serif", 15).into_font().color(&RGBColor(0x20, 0x24, 0x28));
+        for (i, (label, pts)) in lines.iter().enumerate() {
+            let c = colour(i);
+            let point_size = if pts.len() < 2 { 3 } else { 0 };
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)).point_size(point_size))
+                .map_err(|e| e.to_string())?;
+            let x = 70 + 150 * i as i32;
+            root.draw(&PathElement::new(vec![(x, 10), (x + 16, 10)], c.stroke_width(3)))
+                .map_err(|e| e.to_string())?;
+            root.draw(&Text::new(label.to_string(), (x + 22, 2), legend_font.clone()))
+                .map_err(|e| e.to_string())?;
+        }
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +378,38 @@ mod tests {
         let cut = legend_label(long);
         assert_eq!(cut.chars().count(), LEGEND_MAX_CHARS);
         assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn history_charts_draw_lines_and_policy_markers() {
+        let now = 10_000_000;
+        let p50 = [(now - 50_000, 0.1), (now - 10_000, 0.2)];
+        let p95 = [(now - 50_000, 0.3), (now, 0.5)];
+        let lines = [Line { label: "p50", points: &p50 }, Line { label: "p95", points: &p95 }];
+        let markers = [(now - 30_000, "cache_aware v2".to_owned()), (now - 900_000, "too old".to_owned())];
+        let html = history_chart_html(YUnit::Seconds, &lines, &markers, now, 300);
+        assert!(html.starts_with("<svg"), "{html}");
+        assert!(html.contains("p50") && html.contains("p95"));
+        assert!(html.contains("cache_aware v2"), "the marker is labelled");
+        assert!(!html.contains("too old"), "markers outside the window are left out");
+        for i in 0..2 {
+            let stroke = format!(r#"stroke="{}" stroke-width="2""#, css_colour(i).to_uppercase());
+            assert_eq!(html.matches(&stroke).count(), 1, "one line for series {i}");
+        }
+        let empty = history_chart_html(YUnit::Ratio, &[Line { label: "x", points: &[] }], &[], now, 300);
+        assert!(empty.contains(HISTORY_EMPTY_TEXT));
+    }
+
+    #[test]
+    fn ticks_pick_units_by_window() {
+        assert_eq!(relative_tick(0.0, 300), "now");
+        assert_eq!(relative_tick(-60.0, 300), "-60 s");
+        assert_eq!(relative_tick(-1800.0, 3600), "-30 min");
+        assert_eq!(relative_tick(-7200.0, 86_400), "-2 h");
+        assert_eq!(relative_tick(-172_800.0, 7 * 86_400), "-2 d");
+        assert_eq!(YUnit::Ratio.tick(0.5), "50%");
+        assert_eq!(YUnit::PerSecond.tick(25_000.0), "25k");
+        assert_eq!(YUnit::Count.tick(2.5), "2.5");
     }
 
     #[test]

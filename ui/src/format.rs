@@ -50,6 +50,22 @@ pub fn duration_s(v: Option<f64>) -> String {
     }
 }
 
+/// A throughput such as tokens per second: `850`, `12.5`, `3.4k`.
+pub fn rate(v: Option<f64>) -> String {
+    match v {
+        Some(v) if v.is_finite() => {
+            if v.abs() >= 1000.0 {
+                format!("{:.1}k", v / 1000.0)
+            } else if v.abs() >= 10.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.1}")
+            }
+        }
+        _ => NOT_PROVIDED.to_owned(),
+    }
+}
+
 /// Short axis-tick label for seconds (the chart's y axis), without trailing noise.
 pub fn axis_seconds(v: f64) -> String {
     if v == 0.0 {
@@ -123,6 +139,14 @@ mod tests {
         assert_eq!(duration_s(Some(0.9996)), "1.00 s");
         assert_eq!(duration_s(Some(1.234)), "1.23 s");
         assert_eq!(duration_s(Some(12.34)), "12.3 s");
+    }
+
+    #[test]
+    fn rates_scale() {
+        assert_eq!(rate(None), "—");
+        assert_eq!(rate(Some(3.25)), "3.2");
+        assert_eq!(rate(Some(850.4)), "850");
+        assert_eq!(rate(Some(3400.0)), "3.4k");
     }
 
     #[test]

@@ -1,17 +1,22 @@
 //! Fleetdeck's UI: a Leptos (client-side rendered) app, compiled to wasm32 and loaded by
 //! `index.html` through wasm-bindgen's `--target web` output (`ui.js` calls [`start`] on `init()`).
 //!
-//! The pure modules ([`format`], [`chart`], [`route`]) build on any target so their tests run on
-//! the host; everything that needs a browser is compiled for wasm32 only.
+//! The pure modules ([`format`], [`chart`], [`route`], [`keys`], [`tiles`]) build on any target
+//! so their tests run on the host; everything that needs a browser is compiled for wasm32 only.
 
 pub mod chart;
 pub mod format;
+pub mod keys;
+pub mod overlay;
 pub mod route;
+pub mod tiles;
 
 #[cfg(target_arch = "wasm32")]
 mod app;
 #[cfg(target_arch = "wasm32")]
 pub mod transport;
+#[cfg(target_arch = "wasm32")]
+mod views;
 
 /// Entry point run by wasm-bindgen's `init()`: mounts the app onto `<body>`.
 #[cfg(target_arch = "wasm32")]

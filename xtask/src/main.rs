@@ -5,6 +5,8 @@
 //! same machine goes straight to building, which cargo keeps incremental. Standard library
 //! only: this crate must compile in seconds on a fresh machine.
 
+mod bench;
+
 use std::env;
 use std::ffi::OsString;
 use std::fs;
@@ -42,7 +44,8 @@ commands:
   test             install what is missing, build everything (UI for wasm32 too), run
                    formatting and lint checks and every test
   ui               build the UI into ui/dist only
-  setup [--test]   install what is missing only";
+  setup [--test]   install what is missing only
+  bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("ui") => build_ui(),
         Some("setup") => setup(args.get(1).is_some_and(|a| a == "--test")),
+        Some("bench") => bench::run_bench(&args[1..]),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -126,8 +130,25 @@ fn setup(for_tests: bool) -> Result<()> {
     timed("wasm-bindgen-cli", ensure_wasm_bindgen)?;
     if for_tests {
         timed("tauri-driver", ensure_tauri_driver)?;
+        timed("python test clients", ensure_python_clients)?;
     }
     Ok(())
+}
+
+/// The Python packages tests use as independent, real clients (tests/requirements.txt).
+fn ensure_python_clients() -> Result<()> {
+    let probe = "import openai, prometheus_client, msgpack, zmq";
+    if Command::new("python3").args(["-c", probe]).output().is_ok_and(|out| out.status.success()) {
+        return Ok(());
+    }
+    let requirements = root().join("tests/requirements.txt");
+    let requirements = requirements.to_string_lossy();
+    run(
+        "python3",
+        &["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", &requirements],
+        &[],
+    )
+    .map_err(|e| format!("{e}\nInstall them by hand: python3 -m pip install -r {requirements}"))
 }
 
 fn package_installed(name: &str) -> bool {

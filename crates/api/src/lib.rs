@@ -9,6 +9,11 @@
 
 use serde::{Deserialize, Serialize};
 
+mod views;
+pub use views::*;
+mod rollout;
+pub use rollout::*;
+
 /// Command name: the live fleet table and TTFT chart data. Args: [`FleetSnapshotArgs`].
 pub const CMD_FLEET_SNAPSHOT: &str = "fleet_snapshot";
 
@@ -17,11 +22,22 @@ pub const CMD_FLEET_SNAPSHOT: &str = "fleet_snapshot";
 pub struct FleetSnapshotArgs {
     /// How far back the chart series reach, in seconds.
     pub window_s: u32,
+    /// Append this many synthetic replicas (deterministic, changing every second) after the
+    /// real ones: how the overview is exercised at fleet sizes one laptop cannot emulate.
+    /// Zero (the default) adds none; at most [`MAX_SYNTHETIC_REPLICAS`].
+    #[serde(default)]
+    pub synthetic: u32,
+    /// Leave out the TTFT series (views that draw no chart skip the history query).
+    #[serde(default)]
+    pub skip_series: bool,
 }
+
+/// Upper bound of [`FleetSnapshotArgs::synthetic`].
+pub const MAX_SYNTHETIC_REPLICAS: u32 = 10_000;
 
 impl Default for FleetSnapshotArgs {
     fn default() -> Self {
-        Self { window_s: 300 }
+        Self { window_s: 300, synthetic: 0, skip_series: false }
     }
 }
 
@@ -39,6 +55,10 @@ pub struct FleetSnapshot {
 /// The live state of one replica as the scraper last saw it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaRow {
+    /// Stable id of the watched target (its position in the order targets were added); the
+    /// replica detail route is `#/replica/ID`.
+    #[serde(default)]
+    pub id: u32,
     /// The metrics endpoint, which is also the replica's identity in the UI.
     pub url: String,
     /// Detected serving engine (`vllm`, `sglang`, ...), `None` until the first good scrape.
@@ -49,6 +69,9 @@ pub struct ReplicaRow {
     pub signals: Signals,
     /// Health of the scrape itself.
     pub scrape: ScrapeState,
+    /// Prompt plus generated tokens per second over the signal window; `None`: not reported.
+    #[serde(default)]
+    pub tokens_per_s: Option<f64>,
 }
 
 /// Normalised per-replica signals. Rates and quantiles are over the app's signal window (10 s,

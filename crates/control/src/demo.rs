@@ -1,7 +1,12 @@
-//! The embedded demo fleet: emulated replicas, a fleet-router over them, and steady traffic.
+//! The embedded demo fleet: emulated replicas, a fleet-router over them with its admin API on
+//! and a cache-aware policy, and steady traffic through it.
 //!
-//! Everything binds 127.0.0.1 on free ports and stops when the cancellation token fires.
+//! Everything binds 127.0.0.1 on free ports and stops when the cancellation token fires. The
+//! router's admin token is fresh per run and kept in a 0600 file (never in SQLite), so the app
+//! reads the demo router exactly as it reads a real one.
 
+use std::io::Read;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +15,12 @@ use fleet_sim::load::{self, LoadConfig, LoadStats};
 use fleet_sim::{Fleet, ModelConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+use crate::routers::RouterTarget;
+
+/// The demo router's policy: SGLang-style cache-aware routing, so prefix groups stick to
+/// replicas and the heat map and decisions have something to show.
+pub const DEMO_POLICY: &str = "policy: cache_aware_approx\n";
 
 /// Shape of the demo.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,12 +43,24 @@ pub struct DemoFleet {
     pub replica_urls: Vec<String>,
     /// Base URL of the router the traffic goes through.
     pub router_url: String,
+    /// The router with its admin token file, for the app to read.
+    pub router: RouterTarget,
     pub load: Arc<LoadStats>,
 }
 
+/// 128 random bits as hex, from the OS (a loopback demo token; never logged).
+fn fresh_token() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("cannot read /dev/urandom for the demo router's admin token")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 impl DemoFleet {
-    /// Starts the demo on loopback; it runs until `cancel` fires.
-    pub async fn start(config: &DemoConfig, cancel: &CancellationToken) -> Result<Self> {
+    /// Starts the demo on loopback; it runs until `cancel` fires. The router's admin token is
+    /// written to `demo-router.token` (mode 0600) in `token_dir`.
+    pub async fn start(config: &DemoConfig, token_dir: &Path, cancel: &CancellationToken) -> Result<Self> {
         let mut listeners = Vec::new();
         for _ in 0..config.replicas {
             listeners.push(
@@ -50,8 +73,17 @@ impl DemoFleet {
         let router_listener =
             TcpListener::bind("127.0.0.1:0").await.context("cannot bind the demo router")?;
         let router_url = format!("http://{}", router_listener.local_addr()?);
-        let router_config =
-            fleet_router::RouterConfig { replicas: replica_urls.clone(), ..Default::default() };
+        let token = fresh_token()?;
+        let token_file = token_dir.join("demo-router.token");
+        fleet_store::secrets::write_token_file(&token_file, &token)?;
+        let router_config = fleet_router::RouterConfig {
+            replicas: replica_urls.clone(),
+            policy: DEMO_POLICY.parse().context("the demo policy does not parse")?,
+            admin_token: Some(token),
+            // "Recent traffic" for the heat map: a minute reacts to what the operator does.
+            heat_window: Duration::from_secs(60),
+            ..Default::default()
+        };
         let stop = cancel.clone();
         tokio::spawn(async move {
             if let Err(error) =
@@ -71,6 +103,26 @@ impl DemoFleet {
         tokio::spawn(async move {
             let _ = fleet.join().await;
         });
-        Ok(Self { replica_urls, router_url, load })
+        let router = RouterTarget { url: router_url.clone(), token: None, token_file: Some(token_file) };
+        Ok(Self { replica_urls, router_url, router, load })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_fresh_hex() {
+        let (a, b) = (fresh_token().unwrap(), fresh_token().unwrap());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn the_demo_policy_is_cache_aware_and_valid() {
+        let spec: fleet_policy::PolicySpec = DEMO_POLICY.parse().unwrap();
+        assert_eq!(spec.policy, "cache_aware_approx");
     }
 }

@@ -6,20 +6,30 @@
 //! signals beside the error and the time of its last good scrape. A failing target never stalls
 //! the others. Good scrapes flow to a batcher that hands them to the history writer once per
 //! scrape interval, so samples reach SQLite one round per transaction.
+//!
+//! Targets live in groups, one scheduler each: the targets given at start form one group and
+//! each target added later its own, so adding or removing one never resets the others' signal
+//! windows. Changing the scrape interval restarts every group.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use fleet_store::{SampleRow, Store};
 use fleet_telemetry::ScrapeLimits;
 use fleet_telemetry::scheduler::{Observation, Scheduler, SchedulerConfig, TargetSpec, TargetStatus};
-use fleetdeck_api::{ApiError, FleetSnapshot, FleetSnapshotArgs, ReplicaRow, ScrapeState, Series};
+use fleetdeck_api::{
+    ApiError, FleetSnapshot, FleetSnapshotArgs, MAX_SYNTHETIC_REPLICAS, ReplicaRow, ScrapeState, Series,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Most scrapes in flight at once, so a large fleet cannot exhaust sockets.
+use crate::routers::{RouterTarget, Routers};
+use crate::settings::SavedSettings;
+use crate::synthetic;
+
+/// Most scrapes in flight at once per group, so a large fleet cannot exhaust sockets.
 const MAX_CONCURRENT_SCRAPES: usize = 64;
 /// Scrape rounds queued for the history writer before scraping waits for it.
 const WRITER_QUEUE_ROUNDS: usize = 8;
@@ -34,24 +44,39 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 pub struct ControlConfig {
     /// Replica base URLs (or full metrics URLs) to watch.
     pub targets: Vec<String>,
+    /// fleet-routers whose admin API feeds the heat map, decisions and headroom views.
+    pub routers: Vec<RouterTarget>,
     pub scrape_interval: Duration,
     pub limits: ScrapeLimits,
     /// The SQLite history file.
     pub db_path: PathBuf,
+    /// Endpoints added in the app (default: `settings.json` beside the database).
+    pub settings_path: PathBuf,
+    /// Folder of the routers' 0600 token files (default: `tokens/` beside the database).
+    pub token_dir: PathBuf,
 }
 
 impl ControlConfig {
     pub fn new(targets: Vec<String>, db_path: PathBuf) -> Self {
-        Self { targets, scrape_interval: Duration::from_secs(1), limits: ScrapeLimits::default(), db_path }
+        let dir = db_path.parent().map(PathBuf::from).unwrap_or_default();
+        Self {
+            targets,
+            routers: Vec::new(),
+            scrape_interval: Duration::from_secs(1),
+            limits: ScrapeLimits::default(),
+            settings_path: dir.join("settings.json"),
+            token_dir: dir.join("tokens"),
+            db_path,
+        }
     }
 }
 
-fn unix_ms(at: SystemTime) -> i64 {
+pub(crate) fn unix_ms(at: SystemTime) -> i64 {
     at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// One target's row as the UI shows it.
-fn row(status: TargetStatus) -> ReplicaRow {
+fn row(id: u32, status: TargetStatus) -> ReplicaRow {
     let last_good_ms = status.last_good.map(unix_ms);
     let scrape = match (&status.error, status.last_attempt, last_good_ms) {
         (Some(message), _, last_good_ms) => ScrapeState::Error { message: message.clone(), last_good_ms },
@@ -59,67 +84,240 @@ fn row(status: TargetStatus) -> ReplicaRow {
         _ => ScrapeState::Pending,
     };
     let signals = status.signals;
+    let tokens_per_s =
+        signals.as_ref().and_then(|s| match (s.total.prompt_tokens_per_s, s.total.generation_tokens_per_s) {
+            (None, None) => None,
+            (p, g) => Some(p.unwrap_or(0.0) + g.unwrap_or(0.0)),
+        });
     ReplicaRow {
+        id,
         url: status.url,
         engine: signals.as_ref().map(|s| s.engine.name().to_string()),
         model: signals.as_ref().and_then(|s| s.model.clone()),
         signals: signals.map(|s| s.total.to_api()).unwrap_or_default(),
         scrape,
+        tokens_per_s,
     }
 }
 
 /// The app's core, shared by the Tauri shell and the headless server. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Control {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Targets sharing one scheduler.
+#[derive(Debug)]
+struct Group {
+    scheduler: Scheduler,
+    stop: CancellationToken,
+    /// `(id, url)` in the scheduler's order.
+    targets: Vec<(u32, String)>,
 }
 
 #[derive(Debug)]
-struct Inner {
-    scheduler: Scheduler,
-    store: Store,
+struct Targets {
+    groups: Vec<Group>,
+    next_id: u32,
+    interval: Duration,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) store: Store,
+    pub(crate) http: reqwest::Client,
+    pub(crate) limits: ScrapeLimits,
+    targets: Mutex<Targets>,
+    writer: mpsc::Sender<Vec<SampleRow>>,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) routers: Routers,
+    pub(crate) settings_path: PathBuf,
+    pub(crate) token_dir: PathBuf,
+    /// What the operator added in the app (persisted).
+    pub(crate) saved: Mutex<SavedSettings>,
+    pub(crate) prometheus: crate::sources::PromSources,
+    /// Intended policy, canary and what-if jobs.
+    pub(crate) rollout: crate::rollout::RolloutState,
 }
 
 pub fn unix_ms_now() -> i64 {
     unix_ms(SystemTime::now())
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // State is replaced in whole assignments; a panic elsewhere cannot leave it torn.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Control {
-    /// Opens the history and starts scraping `config.targets` until `cancel` fires.
+    /// Opens the history and starts scraping `config.targets` (plus what the settings file
+    /// adds) until `cancel` fires.
     pub async fn start(config: ControlConfig, cancel: CancellationToken) -> Result<Self> {
         if let Some(dir) = config.db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| {
                 format!("cannot create the folder {} for the history database", dir.display())
             })?;
         }
+        let saved = SavedSettings::load(&config.settings_path)?;
         let store = Store::open(&config.db_path).await?;
         // Downsampling and retention run beside ingestion until the app stops.
         store.spawn_maintenance(fleet_store::MaintenanceConfig::default(), cancel.clone().cancelled_owned());
-        let client = reqwest::Client::builder()
+        let http = reqwest::Client::builder()
             .connect_timeout(config.limits.timeout)
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
-            .context("cannot build the scraper's HTTP client")?;
-        let specs = config
-            .targets
-            .iter()
-            .map(|url| TargetSpec {
-                url: url.clone(),
-                interval: config.scrape_interval,
-                limits: config.limits,
-            })
-            .collect();
-        let scheduler_config = SchedulerConfig {
-            max_concurrent: MAX_CONCURRENT_SCRAPES,
-            max_backoff: MAX_BACKOFF,
-            window: SIGNAL_WINDOW.max(config.scrape_interval * 3),
-            ..SchedulerConfig::default()
+            .context("cannot build the app's HTTP client")?;
+        let interval = match saved.scrape_interval_s {
+            Some(s) => crate::settings::validate_interval(s).map_err(anyhow::Error::msg)?,
+            None => config.scrape_interval,
         };
-        let (scheduler, observations) = Scheduler::start(specs, scheduler_config, client, cancel);
         let (writer, rounds) = mpsc::channel(WRITER_QUEUE_ROUNDS);
         tokio::spawn(write_history(store.clone(), rounds));
-        tokio::spawn(batch_rounds(observations, writer, config.scrape_interval));
-        Ok(Self { inner: Arc::new(Inner { scheduler, store }) })
+
+        let mut routers = config.routers.clone();
+        for r in &saved.routers {
+            if !routers.iter().any(|t| t.url == r.url) {
+                routers.push(RouterTarget {
+                    url: r.url.clone(),
+                    token: None,
+                    token_file: r.token_file.clone(),
+                });
+            }
+        }
+        let routers = Routers::new(http.clone(), routers, &store).await;
+        let inner = Arc::new(Inner {
+            store,
+            http,
+            limits: config.limits,
+            targets: Mutex::new(Targets { groups: Vec::new(), next_id: 0, interval }),
+            writer,
+            cancel: cancel.clone(),
+            routers,
+            settings_path: config.settings_path,
+            token_dir: config.token_dir,
+            saved: Mutex::new(saved.clone()),
+            prometheus: crate::sources::PromSources::default(),
+            rollout: Default::default(),
+        });
+        let control = Self { inner };
+        let mut targets = config.targets.clone();
+        for url in &saved.replicas {
+            if !targets.contains(url) {
+                targets.push(url.clone());
+            }
+        }
+        control.add_group(targets);
+        // Holds only a weak handle, so the poller never keeps a dropped Control alive.
+        let weak = Arc::downgrade(&control.inner);
+        tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                inner.routers.poll().await;
+                drop(inner);
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(crate::routers::POLL_EVERY) => {}
+                }
+            }
+        });
+        for url in saved.prometheus {
+            control.start_prometheus(&url);
+        }
+        Ok(control)
+    }
+
+    /// Starts one scheduler over `urls` with fresh ids.
+    pub(crate) fn add_group(&self, urls: Vec<String>) {
+        let mut targets = lock(&self.inner.targets);
+        let ids: Vec<(u32, String)> = urls
+            .into_iter()
+            .map(|url| {
+                let id = targets.next_id;
+                targets.next_id += 1;
+                (id, url)
+            })
+            .collect();
+        if ids.is_empty() {
+            return;
+        }
+        let interval = targets.interval;
+        let group = self.start_group(ids, interval);
+        targets.groups.push(group);
+    }
+
+    fn start_group(&self, targets: Vec<(u32, String)>, interval: Duration) -> Group {
+        let stop = self.inner.cancel.child_token();
+        let specs = targets
+            .iter()
+            .map(|(_, url)| TargetSpec { url: url.clone(), interval, limits: self.inner.limits })
+            .collect();
+        let config = SchedulerConfig {
+            max_concurrent: MAX_CONCURRENT_SCRAPES,
+            max_backoff: MAX_BACKOFF,
+            window: SIGNAL_WINDOW.max(interval * 3),
+            ..SchedulerConfig::default()
+        };
+        let (scheduler, observations) =
+            Scheduler::start(specs, config, self.inner.http.clone(), stop.clone());
+        tokio::spawn(batch_rounds(observations, self.inner.writer.clone(), interval));
+        Group { scheduler, stop, targets }
+    }
+
+    /// Whether `url` is watched already.
+    pub(crate) fn watches(&self, url: &str) -> bool {
+        lock(&self.inner.targets).groups.iter().any(|g| g.targets.iter().any(|(_, u)| u == url))
+    }
+
+    /// Stops watching `url`; the other targets of its group carry on in a new group with their
+    /// ids. Returns whether it was watched.
+    pub(crate) fn remove_target(&self, url: &str) -> bool {
+        let mut targets = lock(&self.inner.targets);
+        let Some(index) = targets.groups.iter().position(|g| g.targets.iter().any(|(_, u)| u == url)) else {
+            return false;
+        };
+        let group = targets.groups.remove(index);
+        group.stop.cancel();
+        let rest: Vec<(u32, String)> = group.targets.into_iter().filter(|(_, u)| u != url).collect();
+        if !rest.is_empty() {
+            let interval = targets.interval;
+            let group = self.start_group(rest, interval);
+            targets.groups.insert(index, group);
+        }
+        true
+    }
+
+    /// Restarts every group on `interval`.
+    pub(crate) fn set_interval(&self, interval: Duration) {
+        let mut targets = lock(&self.inner.targets);
+        targets.interval = interval;
+        let groups = std::mem::take(&mut targets.groups);
+        for group in groups {
+            group.stop.cancel();
+            let restarted = self.start_group(group.targets, interval);
+            targets.groups.push(restarted);
+        }
+    }
+
+    pub(crate) fn scrape_interval(&self) -> Duration {
+        lock(&self.inner.targets).interval
+    }
+
+    /// Every watched target's row, by id.
+    pub(crate) fn rows(&self) -> Vec<ReplicaRow> {
+        let groups: Vec<(Scheduler, Vec<(u32, String)>)> = lock(&self.inner.targets)
+            .groups
+            .iter()
+            .map(|g| (g.scheduler.clone(), g.targets.clone()))
+            .collect();
+        let mut rows: Vec<ReplicaRow> = groups
+            .into_iter()
+            .flat_map(|(scheduler, ids)| {
+                scheduler.statuses().into_iter().zip(ids).map(|(status, (id, _))| row(id, status))
+            })
+            .collect();
+        rows.extend(self.inner.prometheus.rows());
+        rows.sort_by_key(|r| r.id);
+        rows
     }
 
     /// The live table and the TTFT p95 series over the last `args.window_s` seconds.
@@ -130,16 +328,54 @@ impl Control {
                 format!("window_s is {}; it must be between 10 and 86400 seconds", args.window_s),
             ));
         }
+        if args.synthetic > MAX_SYNTHETIC_REPLICAS {
+            return Err(ApiError::new(
+                "bad_request",
+                format!("synthetic is {}; ask for at most {MAX_SYNTHETIC_REPLICAS}", args.synthetic),
+            ));
+        }
         let now_ms = unix_ms_now();
-        let replicas: Vec<ReplicaRow> = self.inner.scheduler.statuses().into_iter().map(row).collect();
-        let series = self
-            .inner
-            .store
-            .ttft_p95_series(now_ms - i64::from(args.window_s) * 1000)
-            .await
-            .map_err(|e| ApiError::new("history_unavailable", e.to_string()))?;
-        let ttft_p95 = series.into_iter().map(|(url, points)| Series { url, points }).collect();
+        let mut replicas = self.rows();
+        replicas.extend(synthetic::rows(args.synthetic, now_ms));
+        let ttft_p95 = if args.skip_series {
+            Vec::new()
+        } else {
+            let series = self
+                .inner
+                .store
+                .ttft_p95_series(now_ms - i64::from(args.window_s) * 1000)
+                .await
+                .map_err(|e| ApiError::new("history_unavailable", e.to_string()))?;
+            series.into_iter().map(|(url, points)| Series { url, points }).collect()
+        };
         Ok(FleetSnapshot { now_ms, replicas, ttft_p95 })
+    }
+
+    /// Hands one round of samples (from a source other than the schedulers) to the writer.
+    pub(crate) async fn store_round(&self, round: Vec<SampleRow>) {
+        if !round.is_empty() && self.inner.writer.send(round).await.is_err() {
+            tracing::error!("history writer stopped; samples are no longer stored");
+        }
+    }
+
+    /// A fresh id for a target that is not scheduled here (a Prometheus instance).
+    pub(crate) fn allocate_id(&self) -> u32 {
+        let mut targets = lock(&self.inner.targets);
+        let id = targets.next_id;
+        targets.next_id += 1;
+        id
+    }
+}
+
+/// A sample row from one observation of scraped signals.
+pub(crate) fn sample_row(url: String, at_ms: i64, signals: &fleet_telemetry::ReplicaSignals) -> SampleRow {
+    SampleRow {
+        url,
+        model: signals.model.clone().unwrap_or_default(),
+        ts_ms: at_ms,
+        signals: signals.total.to_api(),
+        prompt_tok_s: signals.total.prompt_tokens_per_s,
+        gen_tok_s: signals.total.generation_tokens_per_s,
     }
 }
 
@@ -157,14 +393,7 @@ async fn batch_rounds(
         let open = tokio::select! {
             observation = observations.recv() => match observation {
                 Some(Observation { url, at, result: Ok(signals), .. }) => {
-                    round.push(SampleRow {
-                        url,
-                        model: signals.model.clone().unwrap_or_default(),
-                        ts_ms: unix_ms(at),
-                        signals: signals.total.to_api(),
-                        prompt_tok_s: signals.total.prompt_tokens_per_s,
-                        gen_tok_s: signals.total.generation_tokens_per_s,
-                    });
+                    round.push(sample_row(url, unix_ms(at), &signals));
                     continue;
                 }
                 Some(_) => continue,

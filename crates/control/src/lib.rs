@@ -1,13 +1,35 @@
 //! The control crate: everything the Fleetdeck app does, with no UI and no transport.
 //!
 //! - [`fleet`]: the watched replicas, the scrape loop and the live snapshot.
+//! - [`admin`]: the fleet-router admin API client (bounded calls, lenient wire shapes).
+//! - [`routers`]: the routers the app reads, their cached states and observed policy changes.
+//! - [`heat`], [`headroom`]: pure computations behind the heat map and headroom views.
+//! - [`views`]: the commands of the heat map, replica detail, decisions, headroom and settings.
+//! - [`sources`]: Prometheus servers as a source of replicas.
+//! - [`settings`]: endpoints added in the app, persisted beside the history (tokens in 0600 files).
+//! - [`synthetic`]: deterministic synthetic replicas for large-fleet UI checks.
+//! - [`policy_edit`], [`rollout`], [`whatif`], [`history_compare`]: change the fleet safely: edit and
+//!   validate a policy, preview it by replay, push it with compare-and-swap, canary it, compare history.
 //! - [`demo`]: the embedded demo fleet (emulated replicas, a router, steady traffic).
 //!
 //! The Tauri shell and the headless HTTP server call [`Control`]'s methods and pass their
 //! results (or [`fleetdeck_api::ApiError`]) through unchanged; no command logic lives in
 //! either adapter.
 
+pub mod admin;
 pub mod demo;
 pub mod fleet;
+pub mod headroom;
+pub mod heat;
+pub mod history_compare;
+pub mod policy_edit;
+pub mod rollout;
+pub mod routers;
+pub mod settings;
+pub mod sources;
+pub mod synthetic;
+pub mod views;
+pub mod whatif;
 
 pub use fleet::{Control, ControlConfig};
+pub use routers::RouterTarget;

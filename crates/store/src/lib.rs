@@ -11,6 +11,7 @@
 mod audit;
 mod compare;
 pub mod secrets;
+mod series;
 mod tiers;
 pub mod timefmt;
 
@@ -33,6 +34,7 @@ pub use audit::{
 pub use compare::{
     CompareOptions, Comparison, FleetBucket, METRIC_NAMES, MetricDiff, WindowSpec, WindowSummary,
 };
+pub use series::{SeriesPoint, SeriesSource};
 pub use tiers::{MaintenanceConfig, MaintenanceReport, Retention, Tier};
 pub use timefmt::TimeWindow;
 

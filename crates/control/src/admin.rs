@@ -1,0 +1,414 @@
+//! The fleet-router admin API as the app reads it: wire shapes (lenient serde mirrors of the
+//! router's JSON), their translation into the UI's types, and one bounded HTTP client.
+//!
+//! Parsing is pure and tested here on JSON text; [`AdminClient`] only does the I/O, with a
+//! deadline and a body size cap on every call, and a bearer token that is never logged.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use fleetdeck_api::{Candidate, DecisionEntry};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Deadline of one admin call (connect, headers and body).
+pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(4);
+/// Largest `/admin/state` or `/admin/decisions` body accepted.
+pub const MAX_ADMIN_BODY: usize = 8 << 20;
+/// Largest `/admin/trace` body accepted.
+pub const MAX_TRACE_BODY: usize = 64 << 20;
+
+/// Why an admin call failed, worded for the operator.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdminError {
+    #[error("cannot reach the router at {url}: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("the router at {url} did not answer within {timeout:?}")]
+    Timeout { url: String, timeout: Duration },
+    #[error("the router at {url} rejected the admin token (401); set the right token in Settings")]
+    Unauthorized { url: String },
+    #[error("the router at {url} has no admin API enabled; start fleet-router with --admin-token-file FILE")]
+    AdminDisabled { url: String },
+    #[error("the router at {url} needs an admin token; add it in Settings")]
+    NoToken { url: String },
+    #[error("the router at {url} answered HTTP {status}: {message}")]
+    Status { url: String, status: u16, message: String },
+    #[error("the router at {url} sent more than {limit} bytes for {path}; ask for a shorter window")]
+    TooLarge { url: String, path: String, limit: usize },
+    #[error("the router at {url} sent {path} in a shape this app does not understand: {detail}")]
+    BadBody { url: String, path: String, detail: String },
+}
+
+/// `GET /admin/state`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RouterState {
+    pub policy: PolicyInfo,
+    pub replicas: Vec<RouterReplica>,
+    pub prefix_groups: Vec<PrefixGroup>,
+    pub window_s: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct PolicyInfo {
+    pub name: String,
+    pub version: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RouterReplica {
+    #[serde(deserialize_with = "id_text")]
+    pub id: String,
+    pub url: String,
+    pub model: Option<String>,
+    pub healthy: bool,
+    pub outstanding: u64,
+    pub prefill_tokens: u64,
+    pub routed_total: u64,
+    pub errors_total: u64,
+    pub indexed_blocks: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct PrefixGroup {
+    pub group: String,
+    pub requests: u64,
+    pub share: f64,
+    pub replicas: Vec<GroupReplica>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct GroupReplica {
+    #[serde(deserialize_with = "id_text")]
+    pub id: String,
+    pub requests: u64,
+    pub cached_blocks: u64,
+    pub hit_share: f64,
+}
+
+impl RouterState {
+    /// Replica URL by the router's replica id.
+    pub fn urls_by_id(&self) -> HashMap<String, String> {
+        self.replicas.iter().map(|r| (r.id.clone(), r.url.clone())).collect()
+    }
+}
+
+/// Ids may be numbers or strings depending on the router version; the app keeps them as text.
+fn id_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::String(s) => s,
+        Value::Null => String::new(),
+        other => other.to_string(),
+    })
+}
+
+/// One `GET /admin/decisions` entry.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+struct WireDecisionEntry {
+    ts_ms: i64,
+    #[serde(deserialize_with = "id_text")]
+    request_id: String,
+    model: Option<String>,
+    #[serde(deserialize_with = "id_text")]
+    replica: String,
+    policy: String,
+    policy_version: Option<u64>,
+    decision: WireDecision,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+struct WireDecision {
+    #[serde(deserialize_with = "id_text")]
+    replica: String,
+    policy: String,
+    branch: String,
+    reason: String,
+    prompt_blocks: Option<u32>,
+    candidates: Vec<WireCandidate>,
+    notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+struct WireCandidate {
+    #[serde(deserialize_with = "id_text")]
+    replica: String,
+    healthy: bool,
+    eligible: bool,
+    outstanding: u64,
+    prefill_tokens: u64,
+    load: Option<f64>,
+    matched_blocks: Option<u32>,
+    score: Option<f64>,
+    cost: Option<f64>,
+    chosen: bool,
+    note: Option<String>,
+}
+
+/// Parses `/admin/state`.
+pub fn parse_state(body: &[u8]) -> Result<RouterState, String> {
+    serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+/// Parses `/admin/decisions` into the UI's entries, naming replicas by URL where the router's
+/// state (`urls`, id -> URL) knows them.
+pub fn parse_decisions(
+    router: &str,
+    body: &[u8],
+    urls: &HashMap<String, String>,
+) -> Result<Vec<DecisionEntry>, String> {
+    let wire: Vec<WireDecisionEntry> = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let name = |id: &str| urls.get(id).cloned().unwrap_or_else(|| id.to_owned());
+    Ok(wire
+        .into_iter()
+        .map(|w| {
+            let replica = if w.replica.is_empty() { name(&w.decision.replica) } else { name(&w.replica) };
+            DecisionEntry {
+                router: router.to_owned(),
+                ts_ms: w.ts_ms,
+                request_id: w.request_id,
+                model: w.model,
+                replica,
+                policy: if w.policy.is_empty() { w.decision.policy } else { w.policy },
+                policy_version: w.policy_version,
+                branch: w.decision.branch,
+                reason: w.decision.reason,
+                prompt_blocks: w.decision.prompt_blocks,
+                candidates: w
+                    .decision
+                    .candidates
+                    .into_iter()
+                    .map(|c| Candidate {
+                        replica: name(&c.replica),
+                        healthy: c.healthy,
+                        eligible: c.eligible,
+                        outstanding: c.outstanding,
+                        prefill_tokens: c.prefill_tokens,
+                        load: c.load,
+                        matched_blocks: c.matched_blocks,
+                        score: c.score,
+                        cost: c.cost,
+                        chosen: c.chosen,
+                        note: c.note,
+                    })
+                    .collect(),
+                notes: w.decision.notes,
+            }
+        })
+        .collect())
+}
+
+/// Parses `/admin/trace` (JSON Lines). A bad line fails the whole read with its line number,
+/// since a silently shortened trace would skew every figure computed from it.
+pub fn parse_trace(body: &[u8]) -> Result<Vec<fleet_trace::TraceRecord>, String> {
+    let text = std::str::from_utf8(body).map_err(|_| "the trace is not UTF-8 text".to_owned())?;
+    let mut records = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        records.push(fleet_trace::parse_line(line, i + 1).map_err(|e| e.to_string())?);
+    }
+    Ok(records)
+}
+
+/// One router's admin API.
+#[derive(Clone)]
+pub struct AdminClient {
+    http: reqwest::Client,
+    /// Base URL without a trailing slash.
+    pub url: String,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminClient {
+    // The token never reaches a log line or a debug dump.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminClient")
+            .field("url", &self.url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl AdminClient {
+    pub fn new(http: reqwest::Client, url: &str, token: Option<String>) -> Self {
+        Self { http, url: url.trim_end_matches('/').to_owned(), token }
+    }
+
+    /// The HTTP client and bearer token, for the policy calls in `rollout`.
+    pub(crate) fn credentials(&self) -> (&reqwest::Client, Option<&str>) {
+        (&self.http, self.token.as_deref())
+    }
+
+    pub async fn state(&self) -> Result<RouterState, AdminError> {
+        let body = self.get("/admin/state", MAX_ADMIN_BODY).await?;
+        parse_state(&body).map_err(|detail| self.bad_body("/admin/state", detail))
+    }
+
+    pub async fn decisions(
+        &self,
+        limit: u32,
+        urls: &HashMap<String, String>,
+    ) -> Result<Vec<DecisionEntry>, AdminError> {
+        let path = format!("/admin/decisions?limit={limit}");
+        let body = self.get(&path, MAX_ADMIN_BODY).await?;
+        parse_decisions(&self.url, &body, urls).map_err(|detail| self.bad_body(&path, detail))
+    }
+
+    pub async fn trace_since(&self, since_ms: i64) -> Result<Vec<fleet_trace::TraceRecord>, AdminError> {
+        let path = format!("/admin/trace?since={since_ms}");
+        let body = self.get(&path, MAX_TRACE_BODY).await?;
+        parse_trace(&body).map_err(|detail| self.bad_body(&path, detail))
+    }
+
+    fn bad_body(&self, path: &str, detail: String) -> AdminError {
+        AdminError::BadBody { url: self.url.clone(), path: path.to_owned(), detail }
+    }
+
+    /// One bounded GET: the whole exchange within [`ADMIN_TIMEOUT`], the body within `limit`.
+    async fn get(&self, path: &str, limit: usize) -> Result<Vec<u8>, AdminError> {
+        let Some(token) = &self.token else {
+            return Err(AdminError::NoToken { url: self.url.clone() });
+        };
+        let work = async {
+            let response =
+                self.http.get(format!("{}{path}", self.url)).bearer_auth(token).send().await.map_err(
+                    |e| AdminError::Unreachable { url: self.url.clone(), detail: error_chain(&e) },
+                )?;
+            let status = response.status().as_u16();
+            if response.content_length().is_some_and(|n| n > limit as u64) {
+                return Err(AdminError::TooLarge { url: self.url.clone(), path: path.to_owned(), limit });
+            }
+            let mut body = Vec::new();
+            let mut stream = response.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| AdminError::Unreachable {
+                    url: self.url.clone(),
+                    detail: error_chain(&e),
+                })?;
+                if body.len() + chunk.len() > limit {
+                    return Err(AdminError::TooLarge { url: self.url.clone(), path: path.to_owned(), limit });
+                }
+                body.extend_from_slice(&chunk);
+            }
+            match status {
+                200..=299 => Ok(body),
+                401 => Err(AdminError::Unauthorized { url: self.url.clone() }),
+                _ => {
+                    let error: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    if error["code"] == "admin_disabled" {
+                        return Err(AdminError::AdminDisabled { url: self.url.clone() });
+                    }
+                    let message = error["message"]
+                        .as_str()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
+                    Err(AdminError::Status { url: self.url.clone(), status, message })
+                }
+            }
+        };
+        tokio::time::timeout(ADMIN_TIMEOUT, work)
+            .await
+            .unwrap_or_else(|_| Err(AdminError::Timeout { url: self.url.clone(), timeout: ADMIN_TIMEOUT }))
+    }
+}
+
+/// reqwest's top-level message hides the cause; show the chain.
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATE: &str = r#"{
+        "policy": {"name": "cache_aware_approx", "version": 3},
+        "replicas": [
+            {"id": 0, "url": "http://a:1", "model": "m", "healthy": true, "outstanding": 2,
+             "prefill_tokens": 10, "routed_total": 50, "errors_total": 0, "indexed_blocks": 7},
+            {"id": "1", "url": "http://b:2", "healthy": false}
+        ],
+        "prefix_groups": [
+            {"group": "ab12", "requests": 40, "share": 0.8,
+             "replicas": [{"id": 0, "requests": 38, "cached_blocks": 12, "hit_share": 0.9}]}
+        ],
+        "window_s": 60,
+        "something_new": true
+    }"#;
+
+    #[test]
+    fn state_parses_with_numeric_or_text_ids_and_ignores_new_fields() {
+        let state = parse_state(STATE.as_bytes()).unwrap();
+        assert_eq!(state.policy, PolicyInfo { name: "cache_aware_approx".into(), version: 3 });
+        assert_eq!(state.replicas[0].id, "0");
+        assert_eq!(state.replicas[1].id, "1");
+        assert!(!state.replicas[1].healthy);
+        assert_eq!(state.prefix_groups[0].replicas[0].id, "0");
+        assert_eq!(state.urls_by_id()["1"], "http://b:2");
+        assert!(parse_state(b"[1,2]").is_err());
+    }
+
+    #[test]
+    fn decisions_name_replicas_by_url_and_keep_every_candidate() {
+        let body = r#"[{"ts_ms": 5, "request_id": "r1", "model": "m", "replica": 1, "policy": "cache_aware_approx",
+            "policy_version": 3, "decision": {"replica": 1, "policy": "cache_aware_approx", "branch": "cache",
+            "reason": "longest match 4/5 blocks", "prompt_blocks": 5, "notes": [],
+            "candidates": [
+              {"replica": 0, "healthy": true, "eligible": true, "outstanding": 3, "prefill_tokens": 0,
+               "load": 3.0, "matched_blocks": 0, "score": null, "cost": null, "chosen": false, "note": null},
+              {"replica": 1, "healthy": true, "eligible": true, "outstanding": 1, "prefill_tokens": 64,
+               "load": 1.0, "matched_blocks": 4, "score": 0.8, "cost": null, "chosen": true, "note": null}]}}]"#;
+        let urls = parse_state(STATE.as_bytes()).unwrap().urls_by_id();
+        let decisions = parse_decisions("http://router", body.as_bytes(), &urls).unwrap();
+        assert_eq!(decisions.len(), 1);
+        let d = &decisions[0];
+        assert_eq!(
+            (d.replica.as_str(), d.branch.as_str(), d.router.as_str()),
+            ("http://b:2", "cache", "http://router")
+        );
+        assert_eq!(d.candidates.len(), 2);
+        assert_eq!(d.candidates[1].matched_blocks, Some(4));
+        assert!(d.candidates[1].chosen && !d.candidates[0].chosen);
+        assert_eq!(d.candidates[0].replica, "http://a:1");
+    }
+
+    #[test]
+    fn a_bad_trace_line_is_named() {
+        let good = r#"{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [1]}"#;
+        assert_eq!(parse_trace(format!("{good}\n\n{good}\n").as_bytes()).unwrap().len(), 2);
+        let err = parse_trace(format!("{good}\nnot json\n").as_bytes()).unwrap_err();
+        assert!(err.contains('2'), "{err}");
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_token() {
+        let client = AdminClient::new(reqwest::Client::new(), "http://x", Some("s3cret-token".into()));
+        let shown = format!("{client:?}");
+        assert!(!shown.contains("s3cret-token") && shown.contains("redacted"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn without_a_token_no_request_is_made() {
+        let client = AdminClient::new(reqwest::Client::new(), "http://127.0.0.1:9/", None);
+        assert_eq!(client.url, "http://127.0.0.1:9");
+        let err = client.state().await.unwrap_err();
+        assert!(matches!(err, AdminError::NoToken { .. }));
+        assert!(err.to_string().contains("Settings"));
+    }
+}

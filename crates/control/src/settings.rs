@@ -1,0 +1,127 @@
+//! The endpoints an operator added in the app, kept across restarts in a small JSON file next
+//! to the history database. Router tokens never enter it (nor SQLite): each lives in its own
+//! 0600 file in the token folder, and only that file's path is written here.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Shortest and longest scrape intervals the app accepts.
+pub const MIN_SCRAPE_INTERVAL: Duration = Duration::from_millis(200);
+pub const MAX_SCRAPE_INTERVAL: Duration = Duration::from_secs(300);
+
+/// What the settings file holds.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SavedSettings {
+    pub replicas: Vec<String>,
+    pub routers: Vec<SavedRouter>,
+    pub prometheus: Vec<String>,
+    /// `None`: the command line's (or the default) interval.
+    pub scrape_interval_s: Option<f64>,
+}
+
+/// A router and where its token is kept.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SavedRouter {
+    pub url: String,
+    pub token_file: Option<PathBuf>,
+}
+
+impl SavedSettings {
+    /// Reads `path`; a missing file is the empty default, a corrupt one an error naming it.
+    pub fn load(path: &Path) -> Result<Self> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => serde_json::from_str(&text).with_context(|| {
+                format!("the settings file {} is not valid; fix or delete it", path.display())
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(e).with_context(|| format!("cannot read the settings file {}", path.display())),
+        }
+    }
+
+    /// Writes `path` atomically (temporary file, then rename).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let temp = path.with_extension("json.tmp");
+        let text = serde_json::to_string_pretty(self).context("cannot encode the settings")?;
+        std::fs::write(&temp, text).with_context(|| format!("cannot write {}", temp.display()))?;
+        std::fs::rename(&temp, path).with_context(|| format!("cannot replace {}", path.display()))
+    }
+}
+
+/// Checks an endpoint URL typed by an operator: http(s), a host, no spaces.
+pub fn validate_url(url: &str) -> Result<String, String> {
+    let url = url.trim().trim_end_matches('/');
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("{url:?} is not an http(s) URL; write it like http://10.0.0.5:8000"))?;
+    if rest.is_empty() || rest.starts_with('/') || rest.contains(char::is_whitespace) {
+        return Err(format!("{url:?} has no host or contains spaces; write it like http://10.0.0.5:8000"));
+    }
+    Ok(url.to_owned())
+}
+
+/// Checks a scrape interval in seconds.
+pub fn validate_interval(seconds: f64) -> Result<Duration, String> {
+    let (min, max) = (MIN_SCRAPE_INTERVAL.as_secs_f64(), MAX_SCRAPE_INTERVAL.as_secs_f64());
+    if !seconds.is_finite() || seconds < min || seconds > max {
+        return Err(format!("the scrape interval {seconds} s is out of range; pick {min} to {max} seconds"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// The token file of router `url` inside `dir`: a readable, unique name per router.
+pub fn token_file_for(dir: &Path, url: &str) -> PathBuf {
+    let stem: String = url
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+        .collect();
+    dir.join(format!("router-{}.token", stem.trim_matches('_')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_round_trip_and_a_missing_file_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("settings.json");
+        assert_eq!(SavedSettings::load(&path).unwrap(), SavedSettings::default());
+        let saved = SavedSettings {
+            replicas: vec!["http://a:1".into()],
+            routers: vec![SavedRouter { url: "http://r:2".into(), token_file: Some("/t".into()) }],
+            prometheus: vec![],
+            scrape_interval_s: Some(2.0),
+        };
+        saved.save(&path).unwrap();
+        assert_eq!(SavedSettings::load(&path).unwrap(), saved);
+        std::fs::write(&path, "{not json").unwrap();
+        let err = SavedSettings::load(&path).unwrap_err();
+        assert!(format!("{err:#}").contains("settings.json"), "{err:#}");
+    }
+
+    #[test]
+    fn urls_and_intervals_are_checked_with_a_fix() {
+        assert_eq!(validate_url(" http://a:1/ ").unwrap(), "http://a:1");
+        assert!(validate_url("a:1").unwrap_err().contains("http://"));
+        assert!(validate_url("http://").is_err());
+        assert!(validate_url("http://a b").is_err());
+        assert_eq!(validate_interval(1.0).unwrap(), Duration::from_secs(1));
+        assert!(validate_interval(0.0).unwrap_err().contains("pick"));
+        assert!(validate_interval(f64::NAN).is_err());
+    }
+
+    #[test]
+    fn token_files_are_named_after_the_router() {
+        let path = token_file_for(Path::new("/d"), "http://127.0.0.1:8080");
+        assert_eq!(path, Path::new("/d/router-http___127.0.0.1_8080.token"));
+    }
+}

@@ -1,0 +1,290 @@
+//! What-if: replays recent recorded traffic (every router's `/admin/trace`) or a trace file
+//! through fleet-sim's engine model twice, under the candidate and under the active policy, side
+//! by side, with progress and cancellation.
+//!
+//! One job runs at a time: starting a new one (the editor re-runs on every change) cancels the
+//! previous. The replays are CPU work on blocking threads, never on the async workers.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use fleet_policy::PolicySpec;
+use fleet_sim::replay::{self, PreparedTrace, Progress, ReplayConfig, ReplayControl, ReplayReport};
+use fleet_trace::{Trace, TraceRecord};
+use fleetdeck_api::{ApiError, ReplayFigures, WhatIfArgs, WhatIfJobArgs, WhatIfResult, WhatIfStatus};
+
+use crate::fleet::{Control, unix_ms_now};
+
+/// Largest trace file read for a what-if (a 10-minute window of a busy fleet is a few MB).
+pub const MAX_TRACE_FILE: u64 = 256 << 20;
+/// Most replicas a what-if replays.
+pub const MAX_WHATIF_REPLICAS: u32 = 1024;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug)]
+struct Job {
+    id: u64,
+    cancel: Arc<AtomicBool>,
+    /// Requests routed so far by each of the two replays.
+    routed: Arc<[AtomicU64; 2]>,
+    /// Requests in the trace.
+    requests: u64,
+    status: Arc<Mutex<WhatIfStatus>>,
+}
+
+/// The app's what-if jobs (the latest one).
+#[derive(Debug, Default)]
+pub(crate) struct WhatIfJobs {
+    next: AtomicU64,
+    current: Mutex<Option<Job>>,
+}
+
+/// One report in the UI's terms.
+pub fn figures(policy: &str, report: &ReplayReport) -> ReplayFigures {
+    ReplayFigures {
+        policy: policy.to_owned(),
+        requests: report.requests,
+        hit_rate: Some(report.hit_rate),
+        ttft_p50_s: Some(report.ttft_p50_s),
+        ttft_p95_s: Some(report.ttft_p95_s),
+        imbalance: Some(report.imbalance),
+        per_replica_requests: report.per_replica.iter().map(|r| r.requests).collect(),
+    }
+}
+
+/// Replays `trace` under `candidate` and `active` on two threads; `routed` counts progress.
+pub fn replay_both(
+    trace: &PreparedTrace,
+    replicas: u32,
+    candidate: &PolicySpec,
+    active: &PolicySpec,
+    cancel: &AtomicBool,
+    routed: &[AtomicU64; 2],
+) -> Result<(ReplayReport, ReplayReport), String> {
+    let run = |spec: &PolicySpec, slot: &AtomicU64| {
+        let progress = |p: Progress| slot.store(p.routed as u64, Ordering::Relaxed);
+        let config = ReplayConfig::new(replicas, spec.clone());
+        replay::replay(trace, &config, ReplayControl { progress: Some(&progress), cancel: Some(cancel) })
+            .map_err(|e| e.to_string())
+    };
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| run(candidate, &routed[0]));
+        let b = run(active, &routed[1]);
+        (a.join().unwrap_or_else(|_| Err("the replay thread panicked".to_owned())), b)
+    });
+    Ok((a?, b?))
+}
+
+/// Reads a trace file (fleet-trace or Mooncake JSON Lines), bounded in size.
+fn read_trace_file(path: &str) -> Result<Trace, ApiError> {
+    let bad = |message: String| ApiError::new("bad_trace", message);
+    let meta = std::fs::metadata(Path::new(path))
+        .map_err(|e| bad(format!("cannot read the trace file {path}: {e}; check the path")))?;
+    if meta.len() > MAX_TRACE_FILE {
+        return Err(bad(format!(
+            "the trace file {path} is {} bytes; at most {MAX_TRACE_FILE} are replayed, cut it to a shorter window",
+            meta.len()
+        )));
+    }
+    let file =
+        std::fs::File::open(path).map_err(|e| bad(format!("cannot open the trace file {path}: {e}")))?;
+    fleet_trace::read_trace(std::io::BufReader::new(file)).map_err(|e| bad(format!("{path}: {e}")))
+}
+
+impl Control {
+    /// Starts a what-if replay of the candidate against the active policy; cancels the previous one.
+    pub async fn start_whatif(&self, args: WhatIfArgs) -> Result<WhatIfStatus, ApiError> {
+        let candidate = crate::policy_edit::spec_or_api_error(&args.text)?;
+        if !(10..=86_400).contains(&args.window_s) {
+            return Err(ApiError::new(
+                "bad_request",
+                format!("window_s is {}; replay 10 to 86400 seconds of traffic", args.window_s),
+            ));
+        }
+        let active = match self.intended_spec().await {
+            Some((_, spec)) => spec,
+            None => self
+                .read_router_policies()
+                .await
+                .into_iter()
+                .find_map(|(_, r)| r.ok())
+                .map(|p| p.spec)
+                .ok_or_else(|| {
+                    ApiError::new(
+                        "no_active_policy",
+                        "no router told its policy, so there is nothing to compare against; check the routers in Settings",
+                    )
+                })?,
+        };
+        let (trace, source) = match &args.trace_path {
+            Some(path) => (read_trace_file(path)?, format!("trace file {path}")),
+            None => {
+                let since = unix_ms_now() - i64::from(args.window_s) * 1000;
+                let clients: Vec<_> = self.inner.routers.clients().into_iter().map(|(c, _)| c).collect();
+                let results =
+                    futures_util::future::join_all(clients.iter().map(|c| c.trace_since(since))).await;
+                let mut records: Vec<TraceRecord> = Vec::new();
+                for result in results {
+                    records
+                        .append(&mut result.map_err(|e| ApiError::new("router_unavailable", e.to_string()))?);
+                }
+                let trace = Trace::from_records(records).map_err(|e| {
+                    ApiError::new("bad_trace", format!("a router recorded an unusable request: {e}"))
+                })?;
+                (trace, format!("the routers' traffic of the last {} s", args.window_s))
+            }
+        };
+        if trace.records.is_empty() {
+            return Err(ApiError::new(
+                "no_traffic",
+                "there is no recorded traffic to replay; send traffic through the routers or pick a trace file",
+            ));
+        }
+        let replicas = match args.replicas {
+            Some(n) => n,
+            None => {
+                let mut urls: Vec<String> = self
+                    .inner
+                    .routers
+                    .states()
+                    .iter()
+                    .flat_map(|s| s.replicas.iter().map(|r| r.url.clone()))
+                    .collect();
+                urls.sort();
+                urls.dedup();
+                (urls.len() as u32).max(1)
+            }
+        };
+        if !(1..=MAX_WHATIF_REPLICAS).contains(&replicas) {
+            return Err(ApiError::new(
+                "bad_request",
+                format!("replicas is {replicas}; replay on 1 to {MAX_WHATIF_REPLICAS} replicas"),
+            ));
+        }
+        let prepared = replay::prepare(&trace, None, 1.0)
+            .map_err(|e| ApiError::new("bad_trace", format!("the traffic cannot be replayed: {e}")))?;
+
+        let jobs = &self.inner.rollout.whatif;
+        let id = jobs.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let status = Arc::new(Mutex::new(WhatIfStatus {
+            job: id,
+            state: "running".to_owned(),
+            progress: 0.0,
+            message: Some(format!(
+                "replaying {} requests from {source} on {replicas} replicas",
+                trace.records.len()
+            )),
+            result: None,
+        }));
+        let job = Job {
+            id,
+            cancel: Arc::new(AtomicBool::new(false)),
+            routed: Arc::new([AtomicU64::new(0), AtomicU64::new(0)]),
+            requests: prepared.requests.len() as u64,
+            status: status.clone(),
+        };
+        let (cancel, routed) = (job.cancel.clone(), job.routed.clone());
+        if let Some(previous) = lock(&jobs.current).replace(job) {
+            previous.cancel.store(true, Ordering::Relaxed);
+        }
+        let first = lock(&status).clone();
+        tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let outcome = replay_both(&prepared, replicas, &candidate, &active, &cancel, &routed);
+            let mut status = lock(&status);
+            match outcome {
+                Ok((cand, act)) => {
+                    status.state = "done".to_owned();
+                    status.progress = 1.0;
+                    status.message = None;
+                    status.result = Some(WhatIfResult {
+                        source,
+                        requests: prepared.requests.len() as u64,
+                        replicas,
+                        candidate: figures(&candidate.policy, &cand),
+                        active: figures(&active.policy, &act),
+                        elapsed_ms: started.elapsed().as_millis() as u64,
+                    });
+                }
+                Err(_) if cancel.load(Ordering::Relaxed) => {
+                    status.state = "cancelled".to_owned();
+                    status.message = Some("cancelled".to_owned());
+                }
+                Err(error) => {
+                    status.state = "failed".to_owned();
+                    status.message = Some(error);
+                }
+            }
+        });
+        Ok(first)
+    }
+
+    /// Progress or result of job `args.job`.
+    pub async fn whatif_status(&self, args: WhatIfJobArgs) -> Result<WhatIfStatus, ApiError> {
+        let current = lock(&self.inner.rollout.whatif.current);
+        let Some(job) = current.as_ref().filter(|j| j.id == args.job) else {
+            return Err(ApiError::new(
+                "not_found",
+                format!("what-if {} is not the latest one; a newer run replaced it", args.job),
+            ));
+        };
+        let mut status = lock(&job.status).clone();
+        if status.state == "running" && job.requests > 0 {
+            let routed: u64 = job.routed.iter().map(|r| r.load(Ordering::Relaxed)).sum();
+            status.progress = (routed as f64 / (2 * job.requests) as f64).min(0.99);
+        }
+        Ok(status)
+    }
+
+    /// Cancels job `args.job` (a no-op when it already ended).
+    pub async fn cancel_whatif(&self, args: WhatIfJobArgs) -> Result<WhatIfStatus, ApiError> {
+        {
+            let current = lock(&self.inner.rollout.whatif.current);
+            if let Some(job) = current.as_ref().filter(|j| j.id == args.job) {
+                job.cancel.store(true, Ordering::Relaxed);
+            }
+        }
+        self.whatif_status(args).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_policies_replay_the_same_requests_and_cancel_stops_them() {
+        // Two prefixes, each shared by many requests, on four replicas.
+        let records: Vec<TraceRecord> = (0..400u64)
+            .map(|i| {
+                TraceRecord::mooncake(i * 50, 2048, 16, vec![i % 2 + 1, i % 2 + 10, i % 2 + 20, 1000 + i])
+            })
+            .collect();
+        let trace = Trace::from_records(records).unwrap();
+        let prepared = replay::prepare(&trace, None, 1.0).unwrap();
+        let cancel = AtomicBool::new(false);
+        let routed = [AtomicU64::new(0), AtomicU64::new(0)];
+        let candidate = PolicySpec::named("consistent_hash");
+        let active = PolicySpec::named("round_robin");
+        let (cand, act) = replay_both(&prepared, 4, &candidate, &active, &cancel, &routed).unwrap();
+        assert_eq!((cand.requests, act.requests), (400, 400));
+        assert_eq!(routed[0].load(Ordering::Relaxed), 400);
+        // Side by side is exactly each policy replayed alone: same trace, same engines, same seed.
+        let alone = |spec: &PolicySpec| {
+            replay::replay(&prepared, &ReplayConfig::new(4, spec.clone()), ReplayControl::default()).unwrap()
+        };
+        assert_eq!(cand, alone(&candidate));
+        assert_eq!(act, alone(&active));
+        assert_ne!(cand.per_replica, act.per_replica, "the two policies must route differently");
+        let shown = figures("consistent_hash", &cand);
+        assert_eq!(shown.per_replica_requests.iter().sum::<u64>(), 400);
+
+        cancel.store(true, Ordering::Relaxed);
+        assert!(replay_both(&prepared, 4, &candidate, &active, &cancel, &routed).is_err());
+    }
+}

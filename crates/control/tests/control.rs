@@ -1,0 +1,8 @@
+//! The control crate's integration tests: the app core against real fleet-routers (admin API
+//! on, real HTTP on loopback port 0) over emulated replicas (fleet-sim), with a real SQLite
+//! history in a temporary folder.
+
+#[path = "control/rollout.rs"]
+mod rollout;
+#[path = "control/views.rs"]
+mod views;

@@ -1,0 +1,224 @@
+//! The read-only views' commands against a real fleet-router (admin API on, cache-aware policy)
+//! over fleet-sim replicas: heat map and hotspots, decisions with candidates, headroom from the
+//! recorded trace, replica history with policy-change markers, and settings that probe what is
+//! added and keep router tokens in 0600 files.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use fleet_router::RouterConfig;
+use fleet_test_support::admin_router::spawn_router_with;
+use fleet_test_support::endpoints::garbage_metrics;
+use fleet_test_support::{eventually, spawn_sim};
+use fleetdeck_api::{
+    AddEndpointArgs, DecisionsArgs, EndpointKind, HeadroomArgs, HeatMapArgs, RemoveEndpointArgs,
+    ReplicaHistoryArgs, ScrapeIntervalArgs,
+};
+use fleetdeck_control::{Control, ControlConfig, RouterTarget};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "views-test-token";
+
+async fn send(client: &reqwest::Client, router: &str, prompt: &str) -> Result<()> {
+    client
+        .post(format!("{router}/v1/completions"))
+        .json(&json!({"prompt": prompt, "max_tokens": 2}))
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn heat_decisions_headroom_and_history_come_from_the_live_router() -> Result<()> {
+    let sim = spawn_sim(3, Default::default()).await?;
+    let router = spawn_router_with(RouterConfig {
+        replicas: sim.urls().to_vec(),
+        admin_token: Some(TOKEN.into()),
+        policy: "policy: cache_aware_approx\n".parse()?,
+        ..Default::default()
+    })
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let mut config = ControlConfig::new(sim.urls().to_vec(), dir.path().join("history.sqlite"));
+    config.routers = vec![RouterTarget { url: router.url(), token: Some(TOKEN.into()), token_file: None }];
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(config, stop).await?;
+
+    // One tenant dominates: 30 requests sharing a long prefix, 6 of another.
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?;
+    let hot = "You are the support bot of a very popular tenant. ".repeat(10);
+    let cold = "A rarely used tenant prompt with its own words. ".repeat(10);
+    for i in 0..30 {
+        send(&client, &router.url(), &format!("{hot} q{i}")).await?;
+        if i % 5 == 0 {
+            send(&client, &router.url(), &format!("{cold} q{i}")).await?;
+        }
+    }
+
+    let heat = eventually("the heat map to show both groups", Duration::from_secs(30), || async {
+        let heat = control.heat_map(HeatMapArgs { hotspot_share: 0.5 }).await?;
+        Ok((heat.groups.len() >= 2).then_some(heat))
+    })
+    .await?;
+    assert_eq!(heat.routers[0].error, None, "{:?}", heat.routers);
+    assert_eq!(heat.routers[0].policy.as_deref(), Some("cache_aware_approx"));
+    assert_eq!(heat.replicas.len(), 3);
+    let top = &heat.groups[0];
+    assert_eq!(top.requests, 30, "{heat:?}");
+    assert!(
+        top.cells.iter().map(|c| c.cached_blocks).max().unwrap_or(0) > 0,
+        "the hot group is cached somewhere"
+    );
+    // Cache-aware routing keeps the hot group on one replica: 30 of 36 requests > 50%.
+    assert_eq!(heat.hotspots.len(), 1, "{:?}", heat.hotspots);
+    assert!(heat.hotspots[0].share > 0.5);
+    let calm = control.heat_map(HeatMapArgs { hotspot_share: 0.9 }).await?;
+    assert!(calm.hotspots.is_empty(), "a higher threshold clears it");
+    let bad = control.heat_map(HeatMapArgs { hotspot_share: 0.0 }).await.unwrap_err();
+    assert_eq!(bad.code, "bad_request");
+
+    let log = control.decisions(DecisionsArgs { limit: 10 }).await?;
+    assert_eq!(log.decisions.len(), 10);
+    assert!(log.decisions.windows(2).all(|w| w[0].ts_ms >= w[1].ts_ms), "newest first");
+    let d = &log.decisions[0];
+    assert_eq!(d.candidates.len(), 3, "{d:?}");
+    assert_eq!(d.candidates.iter().filter(|c| c.chosen).count(), 1);
+    assert!(sim.urls().contains(&d.replica), "the chosen replica is named by URL: {}", d.replica);
+    assert!(d.candidates.iter().all(|c| sim.urls().contains(&c.replica)));
+    assert!(!d.branch.is_empty() && !d.reason.is_empty());
+
+    let headroom = control.headroom(HeadroomArgs { window_s: 600 }).await?;
+    assert_eq!(headroom.models.len(), 1, "{headroom:?}");
+    let m = &headroom.models[0];
+    assert_eq!(m.requests, 36);
+    let bound = m.pooled_bound.context("a pooled bound")?;
+    assert!(bound > 0.3, "30 requests share a prefix: {bound}");
+    if let Some(achieved) = m.achieved {
+        assert!(achieved <= bound + 1e-9, "achieved {achieved} > bound {bound}");
+    }
+    let best = m.best_policy_hit_rate.context("a what-if result")?;
+    assert!(best <= bound + 1e-9 && best > 0.0, "best {best}, bound {bound}");
+
+    // History of replica 0, and a marker when the router's policy changes.
+    let history = eventually("replica 0's history", Duration::from_secs(30), || async {
+        let h = control.replica_history(ReplicaHistoryArgs { id: 0, window_s: 300 }).await?;
+        Ok((h.queue_depth.len() >= 2).then_some(h))
+    })
+    .await?;
+    assert_eq!(history.url, sim.urls()[0]);
+    assert_eq!(history.tier, "raw");
+    let admin = reqwest::Client::new();
+    let current: serde_json::Value =
+        admin.get(format!("{}/admin/policy", router.url())).bearer_auth(TOKEN).send().await?.json().await?;
+    let version = current["version"].as_u64().context("version")?;
+    admin
+        .put(format!("{}/admin/policy", router.url()))
+        .bearer_auth(TOKEN)
+        .header("if-match", format!("\"{version}\""))
+        .header("content-type", "application/json")
+        .body(r#"{"policy": "round_robin"}"#)
+        .send()
+        .await?
+        .error_for_status()?;
+    let marked = eventually("a policy-change marker", Duration::from_secs(30), || async {
+        let h = control.replica_history(ReplicaHistoryArgs { id: 0, window_s: 300 }).await?;
+        Ok(h.policy_changes.into_iter().find(|m| m.label.contains("round_robin")))
+    })
+    .await?;
+    assert!(marked.label.contains(&format!("v{}", version + 1)), "{}", marked.label);
+    let missing = control.replica_history(ReplicaHistoryArgs { id: 99, window_s: 300 }).await.unwrap_err();
+    assert_eq!(missing.code, "not_found");
+    Ok(())
+}
+
+#[tokio::test]
+async fn settings_probe_at_once_persist_and_keep_tokens_in_0600_files() -> Result<()> {
+    let sim = spawn_sim(1, Default::default()).await?;
+    let garbage = garbage_metrics().await?;
+    let router = spawn_router_with(RouterConfig {
+        replicas: sim.urls().to_vec(),
+        admin_token: Some(TOKEN.into()),
+        ..Default::default()
+    })
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("history.sqlite");
+    let stop = CancellationToken::new();
+    let control = Control::start(ControlConfig::new(vec![], db.clone()), stop.clone()).await?;
+
+    let add = |kind, url: String, token: Option<&str>| {
+        let control = control.clone();
+        let token = token.map(str::to_owned);
+        async move { control.add_endpoint(AddEndpointArgs { kind, url, token }).await }
+    };
+    let found = add(EndpointKind::Replica, sim.urls()[0].clone(), None).await?;
+    assert_eq!(found.detected.as_deref(), Some("vllm"));
+    assert_eq!(found.detail.as_deref(), Some(fleet_sim::DEFAULT_MODEL));
+    let broken = add(EndpointKind::Replica, garbage.url(), None).await?;
+    assert!(broken.error.as_deref().is_some_and(|e| e.contains("malformed")), "{broken:?}");
+    let again = add(EndpointKind::Replica, sim.urls()[0].clone(), None).await.unwrap_err();
+    assert_eq!(again.code, "bad_request");
+    let typo = add(EndpointKind::Replica, "localhost:8000".into(), None).await.unwrap_err();
+    assert!(typo.message.contains("http://"), "{}", typo.message);
+    let no_token = add(EndpointKind::Router, router.url(), None).await.unwrap_err();
+    assert!(no_token.message.contains("token"));
+    let routed = add(EndpointKind::Router, router.url(), Some(TOKEN)).await?;
+    assert_eq!(routed.detected.as_deref(), Some("fleet-router"), "{routed:?}");
+    let wrong = add(EndpointKind::Router, router.url(), Some("wrong")).await?;
+    assert!(wrong.error.as_deref().is_some_and(|e| e.contains("401")), "{wrong:?}");
+    add(EndpointKind::Router, router.url(), Some(TOKEN)).await?;
+
+    let token_file = dir.path().join("tokens").join(
+        fleetdeck_control::settings::token_file_for(std::path::Path::new(""), &router.url())
+            .file_name()
+            .context("a file name")?,
+    );
+    assert_eq!(std::fs::read_to_string(&token_file)?, TOKEN);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&token_file)?.permissions().mode() & 0o777, 0o600);
+    }
+    // Neither the database nor the settings file holds the token.
+    for entry in std::fs::read_dir(dir.path())? {
+        let path = entry?.path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path)?;
+            assert!(
+                !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+                "token in {}",
+                path.display()
+            );
+        }
+    }
+
+    let view = control.settings().await?;
+    assert_eq!(view.replicas.len(), 2);
+    assert_eq!(view.routers.len(), 1);
+    assert_eq!(view.routers[0].token_file.as_deref(), Some(token_file.to_string_lossy().as_ref()));
+    let bad = control.set_scrape_interval(ScrapeIntervalArgs { seconds: 0.0 }).await.unwrap_err();
+    assert!(bad.message.contains("pick"), "{}", bad.message);
+    control.set_scrape_interval(ScrapeIntervalArgs { seconds: 0.5 }).await?;
+    control.remove_endpoint(RemoveEndpointArgs { kind: EndpointKind::Replica, url: garbage.url() }).await?;
+    stop.cancel();
+
+    // A restart keeps what was added (and still reads the router through its token file).
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(ControlConfig::new(vec![], db), stop).await?;
+    let view = control.settings().await?;
+    assert_eq!(view.replicas.iter().map(|r| r.url.as_str()).collect::<Vec<_>>(), [sim.urls()[0].as_str()]);
+    assert_eq!(view.scrape_interval_s, 0.5);
+    eventually("the router to answer through its token file", Duration::from_secs(20), || async {
+        let view = control.settings().await?;
+        Ok((view.routers.len() == 1
+            && view.routers[0].probe.error.is_none()
+            && view.routers[0].probe.detected.is_some())
+        .then_some(()))
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,435 @@
+//! Every view of the operator's desktop in headless Chromium, against live data: the headless
+//! app's embedded demo (fleet-sim replicas, a fleet-router with its admin API and a cache-aware
+//! policy, steady traffic), plus traffic the tests send to make things happen (a hotspot, a
+//! policy change). Screenshots of every view land in the artifacts folder as `view-*.png`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use fantoccini::actions::{InputSource, KeyAction, KeyActions};
+use fantoccini::key::Key;
+use fantoccini::{Client, Locator};
+use fleet_sim::ModelConfig;
+use fleet_test_support::endpoints::garbage_metrics;
+use fleet_test_support::process::{ChildProcess, artifacts_dir, bin_path, spawn_and_await_line};
+use fleet_test_support::webdriver::{chromedriver, chromium_session};
+use fleet_test_support::{eventually, spawn_sim};
+use fleetdeck_api::SettingsView;
+use serde_json::{Value, json};
+
+/// The headless app, serving until dropped.
+pub struct App {
+    _process: ChildProcess,
+    pub url: String,
+}
+
+impl App {
+    pub fn api(&self, command: &str) -> String {
+        format!("{}api/{command}", self.url)
+    }
+}
+
+/// Starts `fleetdeck --headless` with `extra` arguments and its history in `db_dir`.
+pub async fn headless(extra: &[&str], db_dir: &Path) -> Result<App> {
+    let mut args: Vec<String> =
+        vec!["--headless".into(), "--listen".into(), "127.0.0.1:0".into(), "--db".into()];
+    args.push(db_dir.join("history.sqlite").to_string_lossy().into_owned());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let (process, url) =
+        spawn_and_await_line(&bin_path("fleetdeck")?, &args, &[], "Fleetdeck UI at", Duration::from_secs(90))
+            .await?;
+    Ok(App { _process: process, url })
+}
+
+pub fn http() -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?)
+}
+
+pub async fn call(client: &reqwest::Client, app: &App, command: &str, args: Value) -> Result<Value> {
+    let response = client.post(app.api(command)).json(&args).send().await?;
+    let status = response.status();
+    let body: Value = response.json().await?;
+    if !status.is_success() {
+        bail!("{command} answered {status}: {body}");
+    }
+    Ok(body)
+}
+
+pub async fn screenshot(browser: &Client, name: &str) -> Result<()> {
+    let path = artifacts_dir()?.join(name);
+    std::fs::write(&path, browser.screenshot().await?)?;
+    println!("screenshot: {}", path.display());
+    Ok(())
+}
+
+/// Presses and releases `key` on the page as a keyboard would (WebDriver actions).
+async fn press(browser: &Client, key: char) -> Result<()> {
+    let actions = KeyActions::new("keyboard".into())
+        .then(KeyAction::Down { value: key })
+        .then(KeyAction::Up { value: key });
+    browser.perform_actions(actions).await?;
+    Ok(())
+}
+
+async fn texts(browser: &Client, css: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for element in browser.find_all(Locator::Css(css)).await? {
+        out.push(element.text().await?);
+    }
+    Ok(out)
+}
+
+/// Sends `n` requests sharing one long prompt prefix through `router`, `concurrency` at a time.
+async fn burst(router: &str, n: usize, concurrency: usize) -> Result<usize> {
+    use futures_util::StreamExt;
+    let client = http()?;
+    let prefix = "You are the hotspot tenant's assistant. ".repeat(12);
+    let ok = futures_util::stream::iter(0..n)
+        .map(|i| {
+            let (client, body) =
+                (client.clone(), json!({"prompt": format!("{prefix} question {i}"), "max_tokens": 1}));
+            async move {
+                client
+                    .post(format!("{router}/v1/completions"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .filter(|ok| std::future::ready(*ok))
+        .count()
+        .await;
+    Ok(ok)
+}
+
+#[tokio::test]
+async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<()> {
+    let db_dir = tempfile::tempdir()?;
+    let app = headless(&["--demo"], db_dir.path()).await?;
+    let client = http()?;
+    let settings: SettingsView = serde_json::from_value(call(&client, &app, "settings", json!({})).await?)?;
+    let router = settings.routers.first().context("the demo configures its router")?.url.clone();
+    let token = std::fs::read_to_string(db_dir.path().join("tokens").join("demo-router.token"))?;
+
+    let driver = chromedriver().await?;
+    let browser = chromium_session(&driver).await?;
+    browser.goto(&format!("{}#/fleet", app.url)).await?;
+
+    // ---- fleet overview: four tiles whose numbers move
+    let first = eventually("four tiles with hit rates", Duration::from_secs(90), || async {
+        let tiles = texts(&browser, "[data-testid=replica-tile]").await?;
+        Ok((tiles.len() == 4 && tiles.iter().all(|t| t.contains('%') && t.contains("vllm"))).then_some(tiles))
+    })
+    .await?;
+    eventually("the tiles' numbers to change", Duration::from_secs(60), || async {
+        let tiles = texts(&browser, "[data-testid=replica-tile]").await?;
+        Ok((tiles.len() == 4 && tiles != first).then_some(()))
+    })
+    .await?;
+    // Colour by queue depth: the tile values become counts.
+    browser.find(Locator::Css("[data-testid=signal-select]")).await?.select_by_value("queue_depth").await?;
+    eventually("tiles to show queue depth", Duration::from_secs(10), || async {
+        let values = texts(&browser, "[data-testid=tile-value]").await?;
+        Ok((values.len() == 4 && values.iter().all(|v| !v.contains('%'))).then_some(()))
+    })
+    .await?;
+    // Filtering by one replica's port leaves its tile alone.
+    let port = settings.replicas[1].url.rsplit(':').next().unwrap_or_default().to_owned();
+    browser.find(Locator::Css("[data-testid=fleet-filter]")).await?.send_keys(&port).await?;
+    eventually("the filter to leave one tile", Duration::from_secs(10), || async {
+        let tiles = texts(&browser, "[data-testid=replica-tile]").await?;
+        Ok((tiles.len() == 1 && tiles[0].contains(&port)).then_some(()))
+    })
+    .await?;
+    // Erase the filter as a user would (WebDriver's clear fires no input event).
+    let filter = browser.find(Locator::Css("[data-testid=fleet-filter]")).await?;
+    filter.send_keys(&char::from(Key::Backspace).to_string().repeat(port.len())).await?;
+    browser.find(Locator::Css("[data-testid=signal-select]")).await?.select_by_value("hit_rate").await?;
+    eventually("all tiles back", Duration::from_secs(10), || async {
+        Ok((texts(&browser, "[data-testid=replica-tile]").await?.len() == 4).then_some(()))
+    })
+    .await?;
+    screenshot(&browser, "view-fleet.png").await?;
+
+    // ---- keyboard: "2" opens the heat map, "t" switches the theme (keys are for the page, not
+    // for a focused form control, so first click away from the toolbar as a user would)
+    browser.find(Locator::Css(".fleet h2")).await?.click().await?;
+    press(&browser, '2').await?;
+    eventually("key 2 to open the heat map", Duration::from_secs(10), || async {
+        Ok(browser.current_url().await?.fragment().is_some_and(|f| f == "/heat").then_some(()))
+    })
+    .await?;
+
+    // ---- heat map: groups from the router, then a hotspot made by a burst of one prefix
+    eventually("heat map rows from the router", Duration::from_secs(60), || async {
+        let rows = texts(&browser, "[data-testid=heat-row]").await?;
+        Ok((!rows.is_empty()).then_some(()))
+    })
+    .await?;
+    let threshold = browser.find(Locator::Css("[data-testid=hotspot-threshold]")).await?;
+    threshold.clear().await?;
+    threshold.send_keys(&format!("60{}", char::from(Key::Tab))).await?;
+    eventually(
+        "no hotspot at a 60% threshold under the demo's spread traffic",
+        Duration::from_secs(20),
+        || async {
+            let warnings = browser.find_all(Locator::Css("[data-testid=hotspot-warning]")).await?;
+            let settled = texts(&browser, "[data-testid=router-status]").await?.concat().contains("policy");
+            Ok((warnings.is_empty() && settled).then_some(()))
+        },
+    )
+    .await?;
+    let sent = burst(&router, 900, 24).await?;
+    assert!(sent > 800, "only {sent} of the burst's requests succeeded");
+    let warning = eventually("the hotspot warning", Duration::from_secs(30), || async {
+        let warnings = texts(&browser, "[data-testid=hotspot-warning]").await?;
+        Ok(warnings.into_iter().next())
+    })
+    .await?;
+    assert!(warning.contains("Hotspot") && warning.contains("of all traffic"), "{warning}");
+    assert!(!browser.find_all(Locator::Css("td.hot")).await?.is_empty(), "the hot cell is marked");
+    screenshot(&browser, "view-heat.png").await?;
+
+    // ---- decisions: each shows its branch and every candidate with matched blocks
+    browser.goto(&format!("{}#/decisions", app.url)).await?;
+    let decision = eventually("a decision with its candidates", Duration::from_secs(30), || async {
+        let Some(first) = browser.find_all(Locator::Css("[data-testid=decision]")).await?.into_iter().next()
+        else {
+            return Ok(None);
+        };
+        let candidates = first.find_all(Locator::Css("[data-testid=candidate]")).await?;
+        let branch = first.find(Locator::Css("[data-testid=decision-branch]")).await?.text().await?;
+        Ok((candidates.len() == 4 && !branch.is_empty()).then_some(first.text().await?))
+    })
+    .await?;
+    assert!(decision.contains('✓'), "the chosen candidate is marked: {decision}");
+    assert!(decision.contains("cache_aware_approx"), "{decision}");
+    screenshot(&browser, "view-decisions.png").await?;
+
+    // ---- headroom: achieved next to the pooled bound, from the recorded traffic
+    browser.goto(&format!("{}#/headroom", app.url)).await?;
+    let (achieved, bound) =
+        eventually("headroom figures for the demo model", Duration::from_secs(60), || async {
+            let rows = browser.find_all(Locator::Css("[data-testid=headroom-model]")).await?;
+            let Some(row) = rows.into_iter().next() else { return Ok(None) };
+            let achieved = row.find(Locator::Css("[data-testid=achieved]")).await?.text().await?;
+            // Achieved is compared with the bound of the requests it was measured on: the
+            // separate bar when only some requests reported usage, the overall bound otherwise.
+            let measured = row.find_all(Locator::Css("[data-testid=pooled-bound-measured]")).await?;
+            let bound = match measured.into_iter().next() {
+                Some(bar) => bar.text().await?,
+                None => row.find(Locator::Css("[data-testid=pooled-bound]")).await?.text().await?,
+            };
+            let parse = |s: &str| s.trim_end_matches('%').parse::<f64>().ok();
+            Ok(parse(&achieved).zip(parse(&bound)))
+        })
+        .await?;
+    assert!(
+        bound > 0.0 && achieved <= bound + 1e-9,
+        "achieved {achieved}% must not beat the pooled bound {bound}%"
+    );
+    screenshot(&browser, "view-headroom.png").await?;
+
+    // ---- replica detail: charts from the history, and a marker once the policy changes
+    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    let tile = eventually("a tile to click", Duration::from_secs(30), || async {
+        Ok(browser.find_all(Locator::Css("[data-testid=replica-tile]")).await?.into_iter().next())
+    })
+    .await?;
+    tile.click().await?;
+    eventually("the replica's charts to draw", Duration::from_secs(60), || async {
+        let html = browser.find(Locator::Css("[data-testid=chart-ttft]")).await?.html(true).await?;
+        let queue = browser.find(Locator::Css("[data-testid=chart-queue]")).await?.html(true).await?;
+        Ok((html.contains("polyline") && queue.contains("<svg")).then_some(()))
+    })
+    .await?;
+    assert!(browser.current_url().await?.fragment().unwrap_or_default().starts_with("/replica/"));
+    // Change the router's policy through its admin API; the chart marks the moment.
+    let admin = |req: reqwest::RequestBuilder| req.bearer_auth(token.trim());
+    let current: Value =
+        admin(client.get(format!("{router}/admin/policy"))).send().await?.error_for_status()?.json().await?;
+    let version = current["version"].as_u64().context("GET /admin/policy has a version")?;
+    admin(client.put(format!("{router}/admin/policy")))
+        .header("if-match", format!("\"{version}\""))
+        .header("content-type", "application/json")
+        .body(r#"{"policy": "least_load"}"#)
+        .send()
+        .await?
+        .error_for_status()?;
+    eventually("the policy change marker on the charts", Duration::from_secs(30), || async {
+        let html = browser.find(Locator::Css("[data-testid=chart-ttft]")).await?.html(true).await?;
+        Ok(html.contains(&format!("least_load v{}", version + 1)).then_some(()))
+    })
+    .await?;
+    screenshot(&browser, "view-replica.png").await?;
+
+    // ---- dark theme
+    let before = browser.execute("return document.documentElement.dataset.theme", vec![]).await?;
+    press(&browser, 't').await?;
+    let pressed = browser.execute("return document.documentElement.dataset.theme", vec![]).await?;
+    assert_ne!(before, pressed, "key t flips the theme");
+    let before = pressed;
+    browser.find(Locator::Css("[data-testid=theme-toggle]")).await?.click().await?;
+    let after = browser.execute("return document.documentElement.dataset.theme", vec![]).await?;
+    assert_ne!(before, after, "the theme switch flips data-theme");
+    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    if after != json!("dark") {
+        browser.find(Locator::Css("[data-testid=theme-toggle]")).await?.click().await?;
+    }
+    eventually("tiles in the dark theme", Duration::from_secs(30), || async {
+        Ok((texts(&browser, "[data-testid=replica-tile]").await?.len() == 4).then_some(()))
+    })
+    .await?;
+    screenshot(&browser, "view-fleet-dark.png").await?;
+    browser.close().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn settings_probe_added_endpoints_and_keep_router_tokens_out_of_sqlite() -> Result<()> {
+    let db_dir = tempfile::tempdir()?;
+    let app = headless(&[], db_dir.path()).await?;
+    let sim = spawn_sim(1, ModelConfig::default()).await?;
+    let garbage = garbage_metrics().await?;
+    let driver = chromedriver().await?;
+    let browser = chromium_session(&driver).await?;
+    browser.goto(&format!("{}#/fleet", app.url)).await?;
+
+    // An empty fleet says what to do.
+    let empty = eventually("the empty state", Duration::from_secs(30), || async {
+        Ok(texts(&browser, "[data-testid=empty-state]").await?.into_iter().next())
+    })
+    .await?;
+    assert!(empty.contains("Settings"), "{empty}");
+
+    browser.goto(&format!("{}#/settings", app.url)).await?;
+    let add = |url: String| {
+        let browser = &browser;
+        async move {
+            let field = browser.find(Locator::Css("[data-testid=settings-url]")).await?;
+            field.clear().await?;
+            field.send_keys(&url).await?;
+            browser.find(Locator::Css("[data-testid=settings-add]")).await?.click().await?;
+            eventually("the probe result", Duration::from_secs(30), || async {
+                let result = texts(browser, "[data-testid=probe-result]").await?;
+                Ok(result.into_iter().find(|r| r.contains(&url)))
+            })
+            .await
+        }
+    };
+    let found = add(sim.urls()[0].clone()).await?;
+    assert!(found.contains("detected vllm") && found.contains(fleet_sim::DEFAULT_MODEL), "{found}");
+    let bad = add(garbage.url()).await?;
+    assert!(bad.contains("probe failed") && bad.contains("malformed"), "{bad}");
+    eventually("both replicas listed with what was detected", Duration::from_secs(30), || async {
+        let items = texts(&browser, "[data-testid=settings-replica]").await?;
+        Ok((items.len() == 2 && items[0].contains("vllm")).then_some(()))
+    })
+    .await?;
+
+    // A router with its token: the token goes to a 0600 file and never into SQLite.
+    let token = "e2e-secret-token-5f1c";
+    browser.find(Locator::Css("[data-testid=settings-kind]")).await?.select_by_value("router").await?;
+    browser.find(Locator::Css("[data-testid=settings-url]")).await?.send_keys("http://127.0.0.1:9").await?;
+    browser.find(Locator::Css("[data-testid=settings-token]")).await?.send_keys(token).await?;
+    browser.find(Locator::Css("[data-testid=settings-add]")).await?.click().await?;
+    let report = eventually("the router's probe", Duration::from_secs(30), || async {
+        Ok(texts(&browser, "[data-testid=probe-result]")
+            .await?
+            .into_iter()
+            .find(|r| r.contains("127.0.0.1:9")))
+    })
+    .await?;
+    assert!(report.contains("cannot reach"), "{report}");
+    let token_file = db_dir.path().join("tokens").join("router-http___127.0.0.1_9.token");
+    assert_eq!(std::fs::read_to_string(&token_file)?, token);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&token_file)?.permissions().mode() & 0o777, 0o600);
+    }
+    for entry in std::fs::read_dir(db_dir.path())? {
+        let path = entry?.path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path)?;
+            assert!(
+                !bytes.windows(token.len()).any(|w| w == token.as_bytes()),
+                "the token leaked into {}",
+                path.display()
+            );
+        }
+    }
+
+    // The interval is validated with a fix in the message.
+    let interval = browser.find(Locator::Css("[data-testid=scrape-interval]")).await?;
+    interval.clear().await?;
+    interval.send_keys("0").await?;
+    browser.find(Locator::Css("[data-testid=save-interval]")).await?.click().await?;
+    let note = eventually("the interval error", Duration::from_secs(10), || async {
+        Ok(texts(&browser, "[data-testid=interval-note]").await?.into_iter().next())
+    })
+    .await?;
+    assert!(note.contains("pick"), "{note}");
+    screenshot(&browser, "view-settings.png").await?;
+
+    // The fleet now shows the added replica with its engine.
+    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    eventually("the added replica's tile", Duration::from_secs(30), || async {
+        let tiles = texts(&browser, "[data-testid=replica-tile]").await?;
+        Ok(tiles.iter().any(|t| t.contains("vllm")).then_some(()))
+    })
+    .await?;
+    browser.close().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_overview_renders_1000_replicas_and_reports_its_time_per_update() -> Result<()> {
+    let db_dir = tempfile::tempdir()?;
+    let app = headless(&[], db_dir.path()).await?;
+    let driver = chromedriver().await?;
+    let browser = chromium_session(&driver).await?;
+    browser.goto(&format!("{}#/fleet?synthetic=1000", app.url)).await?;
+
+    let first = eventually("1000 tiles", Duration::from_secs(60), || async {
+        let n = browser.find_all(Locator::Css("[data-testid=replica-tile]")).await?.len();
+        let sample = browser
+            .execute("return document.querySelector('[data-testid=replica-tile]').innerText", vec![])
+            .await?;
+        Ok((n == 1000).then_some(sample))
+    })
+    .await?;
+    // Wait for a dozen updates of all 1000 rows after the first paint.
+    let samples: Vec<f64> = eventually("12 updates of 1000 rows", Duration::from_secs(120), || async {
+        let v = browser
+            .execute(
+                "return (window.__fleetdeck_render || []).filter(r => r.rows === 1000).map(r => r.ms)",
+                vec![],
+            )
+            .await?;
+        let all: Vec<f64> = serde_json::from_value(v)?;
+        Ok((all.len() >= 13).then(|| all[1..].to_vec()))
+    })
+    .await?;
+    let later = browser
+        .execute("return document.querySelector('[data-testid=replica-tile]').innerText", vec![])
+        .await?;
+    assert_ne!(first, later, "the synthetic replicas' numbers move between updates");
+    let mut sorted = samples.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let p95 = sorted[(sorted.len() * 95 / 100).min(sorted.len() - 1)];
+    let report = json!({"rows": 1000, "updates": samples.len(), "median_ms": median, "p95_ms": p95, "samples_ms": samples});
+    let path = artifacts_dir()?.join("fleet-render-1000.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
+    println!(
+        "render time per update at 1000 replicas: median {median:.1} ms, p95 {p95:.1} ms ({})",
+        path.display()
+    );
+    screenshot(&browser, "view-fleet-1000.png").await?;
+    browser.close().await?;
+    Ok(())
+}

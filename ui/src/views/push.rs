@@ -1,0 +1,309 @@
+//! Push (`#/push`): pick routers, see the diff against the version each runs, confirm; each
+//! router's outcome (applied version, refused with its reason, unreachable) from the routers'
+//! compare-and-swap; drift badges. The canary lives here too (`canary-panel`): push to some
+//! routers first, watch TTFT p95 and hit rate against the rest, promote or roll back by itself.
+
+use fleetdeck_api::{
+    AbortCanaryArgs, ApiError, CMD_ABORT_CANARY, CMD_CANARY_STATUS, CMD_POLICY_EDITOR, CMD_PUSH_POLICY,
+    CMD_START_CANARY, CanaryArgs, CanaryGuards, CanaryStatus, CanaryView, PolicyEditor, PushArgs, PushReport,
+    PushResult, PushTarget, SideFigures, SpecCheck,
+};
+use leptos::prelude::*;
+use leptos::task::spawn_local;
+use serde_json::json;
+
+use crate::app::{EmptyState, ErrorBanner, poll};
+use crate::format;
+use crate::transport;
+use crate::views::policy::{check_as_you_type, diff_row, drift_view, stored_candidate};
+
+#[component]
+pub fn PushView() -> impl IntoView {
+    let editor = poll::<_, PolicyEditor>(CMD_POLICY_EDITOR, || json!({}), 3000.0);
+    let text = RwSignal::new(stored_candidate().unwrap_or_default());
+    let check = RwSignal::new(None::<SpecCheck>);
+    let check_error = RwSignal::new(None::<ApiError>);
+    check_as_you_type(text, check, check_error);
+    // Routers ticked for the push (by URL); all of them by default.
+    let chosen = RwSignal::new(Vec::<String>::new());
+    let canary_chosen = RwSignal::new(Vec::<String>::new());
+    let initialised = RwSignal::new(false);
+    Effect::new(move |_| {
+        editor.data.with(|e| {
+            if let Some(e) = e
+                && !initialised.get_untracked()
+            {
+                initialised.set(true);
+                chosen.set(e.routers.iter().map(|r| r.url.clone()).collect());
+                canary_chosen.set(e.routers.first().map(|r| vec![r.url.clone()]).unwrap_or_default());
+            }
+        })
+    });
+    let report = RwSignal::new(None::<PushReport>);
+    let push_error = RwSignal::new(None::<ApiError>);
+    let pushing = RwSignal::new(false);
+
+    let confirm = move |_| {
+        let diffs = check.with_untracked(|c| c.as_ref().map(|c| c.diffs.clone()).unwrap_or_default());
+        let targets = chosen
+            .get_untracked()
+            .into_iter()
+            .map(|url| {
+                // Condition the push on the version the operator saw in the diff.
+                let if_version = diffs.iter().find(|d| d.url == url).and_then(|d| d.version);
+                PushTarget { url, if_version }
+            })
+            .collect();
+        let args = PushArgs { text: text.get_untracked(), targets, operator: None };
+        pushing.set(true);
+        spawn_local(async move {
+            let result = transport::call::<_, PushReport>(CMD_PUSH_POLICY, &args).await;
+            pushing.set(false);
+            match result {
+                Ok(r) => {
+                    report.set(Some(r));
+                    push_error.set(None);
+                }
+                Err(e) => {
+                    report.set(None);
+                    push_error.set(Some(e));
+                }
+            }
+            editor.refresh.update(|n| *n += 1);
+            // Re-diff against the versions the routers run now.
+            text.update(|t| t.push(' '));
+            text.update(|t| {
+                t.pop();
+            });
+        });
+    };
+
+    let router_rows = move || {
+        let routers = editor.data.with(|e| e.as_ref().map(|e| e.routers.clone()).unwrap_or_default());
+        let diffs = check.with(|c| c.as_ref().map(|c| c.diffs.clone()).unwrap_or_default());
+        routers
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let url = r.url.clone();
+                let (u1, u2) = (url.clone(), url.clone());
+                let diff = diffs.iter().find(|d| d.url == url).map(diff_row);
+                view! {
+                    <tr data-testid="push-router">
+                        <td>
+                            <input type="checkbox" data-testid=format!("push-pick-{i}")
+                                prop:checked=move || chosen.with(|c| c.contains(&u1))
+                                on:change=move |ev| {
+                                    let on = event_target_checked(&ev);
+                                    chosen.update(|c| {
+                                        c.retain(|x| *x != u2);
+                                        if on { c.push(u2.clone()); }
+                                    });
+                                } />
+                        </td>
+                        <td class="url">{url.clone()}</td>
+                        <td>{r.policy.clone().unwrap_or_else(|| "—".to_owned())}" "{r.version.map(|v| format!("v{v}")).unwrap_or_default()}</td>
+                        <td>{drift_view(&r.drift)}</td>
+                    </tr>
+                    <tr class="diff-under"><td></td><td colspan="3"><table class="inner">{diff}</table></td></tr>
+                }
+            })
+            .collect_view()
+    };
+
+    view! {
+        <section class="view push-view">
+            <ErrorBanner error=editor.error what="the routers" />
+            <div class="card">
+                <div class="card-head">
+                    <h2>"Push a policy"</h2>
+                    <span class="card-meta">"compare-and-swap: a router that changed since you looked refuses"</span>
+                </div>
+                <textarea class="spec-text" rows="5" data-testid="push-spec"
+                    prop:value=move || text.get()
+                    on:input=move |ev| text.set(event_target_value(&ev))></textarea>
+                {move || check.with(|c| c.as_ref().filter(|c| !c.valid).map(|c| {
+                    let p = c.problem.clone();
+                    view! {
+                        <div class="banner banner-error" data-testid="spec-problem">
+                            {p.map(|p| format!("{}{}", p.field.map(|f| format!("{f}: ")).unwrap_or_default(), p.message)).unwrap_or_default()}
+                        </div>
+                    }
+                }))}
+                <table class="replicas" data-testid="push-routers">
+                    <thead><tr><th></th><th>"Router"</th><th>"Runs"</th><th>"Drift"</th></tr></thead>
+                    <tbody>{router_rows}</tbody>
+                </table>
+                <Show when=move || editor.data.with(|e| e.as_ref().is_some_and(|e| e.routers.is_empty()))>
+                    <EmptyState title="No router is configured." hint="Add a fleet-router with its admin token in Settings." />
+                </Show>
+                <div class="toolbar">
+                    <button class="primary" data-testid="push-confirm" on:click=confirm
+                        disabled=move || pushing.get() || chosen.with(Vec::is_empty)>
+                        {move || if pushing.get() { "Pushing…" } else { "Confirm push" }}
+                    </button>
+                </div>
+                <ErrorBanner error=push_error what="the push" />
+                <div data-testid="push-result">
+                    {move || report.get().map(|r| view! {
+                        <p class="muted">{format!("version {} by {}", r.label, r.author)}</p>
+                        <table class="replicas">
+                            <tbody>
+                                {r.results.into_iter().map(|p| {
+                                    // A short badge, then the router's own words: an error
+                                    // message must stay readable, not upper-cased into a pill.
+                                    let (class, outcome, detail) = match &p.result {
+                                        PushResult::Applied { version } => ("badge badge-ok", "applied", format!("v{version}")),
+                                        PushResult::Refused { status, code, message } => ("badge badge-error", "refused", format!("{status} {code}: {message}")),
+                                        PushResult::Unreachable { error } => ("badge badge-pending", "unreachable", error.clone()),
+                                    };
+                                    view! {
+                                        <tr data-testid="push-outcome" data-outcome=outcome>
+                                            <td class="url">{p.url.clone()}</td>
+                                            <td>{p.if_version.map(|v| format!("if v{v}")).unwrap_or_default()}</td>
+                                            <td><span class=class>{outcome}</span>" "<span class="detail">{detail}</span></td>
+                                        </tr>
+                                    }
+                                }).collect_view()}
+                            </tbody>
+                        </table>
+                    })}
+                </div>
+            </div>
+            <CanaryPanel editor=editor text=text canary_chosen=canary_chosen />
+        </section>
+    }
+}
+
+fn side(f: &SideFigures) -> String {
+    format!(
+        "{} requests · TTFT p95 {} · hit {}",
+        f.requests,
+        format::duration_s(f.ttft_p95_s),
+        format::percent(f.hit_rate)
+    )
+}
+
+#[component]
+fn CanaryPanel(
+    editor: crate::app::Polled<PolicyEditor>,
+    text: RwSignal<String>,
+    canary_chosen: RwSignal<Vec<String>>,
+) -> impl IntoView {
+    let status = poll::<_, CanaryView>(CMD_CANARY_STATUS, || json!({}), 1000.0);
+    let observe_s = RwSignal::new("60".to_owned());
+    let ratio = RwSignal::new("1.25".to_owned());
+    let drop = RwSignal::new("0.05".to_owned());
+    let min_requests = RwSignal::new("50".to_owned());
+    let error = RwSignal::new(None::<ApiError>);
+
+    let start = move |_| {
+        let routers =
+            editor.data.with_untracked(|e| e.as_ref().map(|e| e.routers.clone()).unwrap_or_default());
+        let canary = canary_chosen.get_untracked();
+        let baseline = routers.iter().map(|r| r.url.clone()).filter(|u| !canary.contains(u)).collect();
+        let parse = |s: RwSignal<String>, name: &str| -> Result<f64, ApiError> {
+            s.get_untracked()
+                .trim()
+                .parse::<f64>()
+                .map_err(|_| ApiError::new("bad_request", format!("{name} must be a number")))
+        };
+        let args = (|| -> Result<CanaryArgs, ApiError> {
+            Ok(CanaryArgs {
+                text: text.get_untracked(),
+                canary,
+                baseline,
+                observe_s: parse(observe_s, "observe seconds")? as u64,
+                guards: CanaryGuards {
+                    max_ttft_p95_ratio: parse(ratio, "TTFT p95 ratio")?,
+                    max_hit_rate_drop: parse(drop, "hit-rate drop")?,
+                    min_requests: parse(min_requests, "minimum requests")? as u64,
+                },
+                check_every_ms: None,
+                operator: None,
+            })
+        })();
+        match args {
+            Err(e) => error.set(Some(e)),
+            Ok(args) => spawn_local(async move {
+                let result = transport::call::<_, CanaryStatus>(CMD_START_CANARY, &args).await;
+                error.set(result.err());
+                status.refresh.update(|n| *n += 1);
+            }),
+        }
+    };
+    let abort = move |_| {
+        spawn_local(async move {
+            let args = AbortCanaryArgs { reason: "stopped from the Push view".to_owned() };
+            let result = transport::call::<_, CanaryView>(CMD_ABORT_CANARY, &args).await;
+            error.set(result.err());
+            status.refresh.update(|n| *n += 1);
+        });
+    };
+    let field = |label: &'static str, testid: &'static str, value: RwSignal<String>| {
+        view! {
+            <label>{label}
+                <input type="text" size="6" data-testid=testid prop:value=move || value.get()
+                    on:input=move |ev| value.set(event_target_value(&ev)) />
+            </label>
+        }
+    };
+
+    view! {
+        <div class="card" data-testid="canary-panel">
+            <div class="card-head">
+                <h2>"Canary"</h2>
+                <span class="card-meta">"push to some routers first; the rest is the baseline"</span>
+            </div>
+            <div class="toolbar">
+                <span>"Canary routers: "</span>
+                {move || editor.data.with(|e| e.as_ref().map(|e| e.routers.clone()).unwrap_or_default())
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, r)| {
+                        let (u1, u2) = (r.url.clone(), r.url.clone());
+                        view! {
+                            <label class="check">
+                                <input type="checkbox" data-testid=format!("canary-pick-{i}")
+                                    prop:checked=move || canary_chosen.with(|c| c.contains(&u1))
+                                    on:change=move |ev| {
+                                        let on = event_target_checked(&ev);
+                                        canary_chosen.update(|c| {
+                                            c.retain(|x| *x != u2);
+                                            if on { c.push(u2.clone()); }
+                                        });
+                                    } />
+                                {format::short_url(&r.url).to_owned()}
+                            </label>
+                        }
+                    })
+                    .collect_view()}
+            </div>
+            <div class="toolbar">
+                {field("watch (s) ", "canary-observe", observe_s)}
+                {field(" roll back if TTFT p95 > x ", "canary-ratio", ratio)}
+                {field(" or hit rate drops by ", "canary-drop", drop)}
+                {field(" judged after requests ", "canary-min", min_requests)}
+                <button class="primary" data-testid="canary-start" on:click=start>"Start canary"</button>
+                <button data-testid="canary-abort" on:click=abort
+                    disabled=move || !status.data.with(|s| s.as_ref().and_then(|s| s.canary.as_ref()).is_some_and(|c| !c.finished))>"Abort"</button>
+            </div>
+            <ErrorBanner error=error what="the canary" />
+            {move || status.data.with(|s| s.as_ref().and_then(|s| s.canary.clone())).map(|c| view! {
+                <div class="canary-status" data-testid="canary-status" data-phase=c.phase.clone()>
+                    <p>
+                        <span class="badge" data-testid="canary-phase">{c.phase.clone()}</span>
+                        {format!(" {} on {} vs {}", c.label, c.canary.join(", "), c.baseline.join(", "))}
+                    </p>
+                    {c.reason.clone().map(|r| view! { <p class="banner banner-warn" data-testid="canary-reason">{r}</p> })}
+                    <p data-testid="canary-side">{format!("canary: {}", side(&c.canary_side))}</p>
+                    <p data-testid="baseline-side">{format!("baseline: {}", side(&c.baseline_side))}</p>
+                    {c.measure_error.clone().map(|e| view! { <p class="muted">{format!("last measurement failed: {e}")}</p> })}
+                    <ol class="steps" data-testid="canary-steps">
+                        {c.steps.iter().map(|s| view! { <li>{format!("{} · {}", s.phase, s.detail)}</li> }).collect_view()}
+                    </ol>
+                </div>
+            })}
+        </div>
+    }
+}
