@@ -22,12 +22,25 @@ use crate::{Result, cargo, install_packages, run, target_dir};
 
 /// Seconds per wrk run.
 const RUN_SECONDS: u32 = 8;
+/// Router worker threads (override with FLEET_BENCH_ROUTER_THREADS to compare).
+fn router_threads() -> String {
+    std::env::var("FLEET_BENCH_ROUTER_THREADS").unwrap_or_else(|_| "1".to_owned())
+}
 
-/// A child process killed on drop.
+/// A child process stopped on drop: SIGTERM first, so that nginx's master takes its workers
+/// down with it (a SIGKILLed master leaves them running), then SIGKILL.
 struct Guard(Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        for _ in 0..50 {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -185,7 +198,14 @@ fn router_bench() -> Result<()> {
         replica_ports.push(port);
     }
     let router_port = free_port()?;
-    let mut router_args = vec!["--listen".to_owned(), format!("127.0.0.1:{router_port}")];
+    // One worker thread, as nginx below runs one worker process: on this small machine the
+    // router shares the cores with wrk and the replicas.
+    let mut router_args = vec![
+        "--listen".to_owned(),
+        format!("127.0.0.1:{router_port}"),
+        "--worker-threads".to_owned(),
+        router_threads(),
+    ];
     for port in &replica_ports {
         router_args.push("--replica".to_owned());
         router_args.push(format!("http://127.0.0.1:{port}"));
@@ -210,7 +230,10 @@ fn router_bench() -> Result<()> {
         ("nginx", format!("http://127.0.0.1:{nginx_port}")),
         ("router", format!("http://127.0.0.1:{router_port}")),
     ];
-    println!("\nfleet-router bench: 2 fleet-sim replicas, wrk -t1, {RUN_SECONDS} s per run\n");
+    println!(
+        "\nfleet-router bench: 2 fleet-sim replicas, wrk -t1, {RUN_SECONDS} s per run, router --worker-threads {}, nginx worker_processes 1\n",
+        router_threads()
+    );
     for (workload, script) in [("fast", &fast), ("gen", &generate)] {
         // Warm every path (connection pools, caches) before measuring.
         for (_, url) in &targets {

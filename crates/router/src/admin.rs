@@ -246,6 +246,12 @@ async fn add_replica(State(state): State<Arc<RouterState>>, body: Bytes) -> Resp
         Err(add_error @ AddReplicaError::Exists(_)) => {
             error(StatusCode::CONFLICT, "replica_exists", &add_error.to_string(), json!({}))
         }
+        Err(add_error @ AddReplicaError::BadUrl(..)) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_replica",
+            &add_error.to_string(),
+            json!({"field": "url"}),
+        ),
         Err(add_error) => {
             error(StatusCode::INTERNAL_SERVER_ERROR, "internal", &add_error.to_string(), json!({}))
         }

@@ -141,11 +141,11 @@ pub fn app(state: Arc<RouterState>) -> Router {
 }
 
 async fn chat(State(state): State<Arc<RouterState>>, headers: HeaderMap, body: Bytes) -> Response {
-    proxy::forward(state, routing_key::Route::Chat, "/v1/chat/completions", headers, body).await
+    proxy::forward(state, routing_key::Route::Chat, headers, body).await
 }
 
 async fn completions(State(state): State<Arc<RouterState>>, headers: HeaderMap, body: Bytes) -> Response {
-    proxy::forward(state, routing_key::Route::Completions, "/v1/completions", headers, body).await
+    proxy::forward(state, routing_key::Route::Completions, headers, body).await
 }
 
 async fn models(State(state): State<Arc<RouterState>>) -> Response {

@@ -74,18 +74,17 @@ pub async fn list_models(state: &RouterState) -> Response {
 struct Committed {
     status: StatusCode,
     content_type: Option<HeaderValue>,
+    /// The first chunk is the whole body (its length is the announced Content-Length).
+    complete: bool,
     first: Option<Bytes>,
     rest: UpstreamStream,
 }
 
+/// The committed replica's answer, as [`relay`] passes it on.
+type Upstream = Committed;
+
 /// Proxies one OpenAI request.
-pub async fn forward(
-    state: Arc<RouterState>,
-    route: Route,
-    path: &'static str,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, body: Bytes) -> Response {
     let policy = state.policy.load();
     let session = headers.get(SESSION_HEADER).and_then(|value| value.to_str().ok());
     let input = match routing_input(route, &body, session, policy.hashing, state.tokenizer.as_deref()) {
@@ -158,8 +157,8 @@ pub async fn forward(
         tried.push(current);
         ticket.replica = Some(replica.clone());
         replica.routed_total.fetch_add(1, Ordering::Relaxed);
-        match attempt_once(&state, &replica, &Method::POST, path, &headers, body.clone()).await {
-            Ok(Committed { status, content_type, first, rest }) => {
+        match attempt_once(&state, &replica, replica.upstream_url(route), &headers, body.clone()).await {
+            Ok(Committed { status, content_type, complete, first, rest }) => {
                 if status.is_success() {
                     state.observe_health(&replica, true);
                 }
@@ -186,17 +185,8 @@ pub async fn forward(
                     first_block,
                     replica.id,
                 );
-                return relay(
-                    ticket,
-                    replica,
-                    status,
-                    content_type,
-                    first,
-                    rest,
-                    trace,
-                    &decision,
-                    policy_version,
-                );
+                let upstream = Upstream { status, content_type, complete, first, rest };
+                return relay(ticket, replica, upstream, trace, &decision, policy_version);
             }
             Err(error) => {
                 last_error = error;
@@ -285,12 +275,11 @@ fn next_replica(fleet: &FleetView, decision: &Decision, tried: &[ReplicaId]) -> 
 async fn attempt_once(
     state: &RouterState,
     replica: &Replica,
-    method: &Method,
-    path: &str,
+    url: &reqwest::Url,
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Committed, String> {
-    let mut request = state.client.request(method.clone(), format!("{}{path}", replica.spec.url)).body(body);
+    let mut request = state.client.request(Method::POST, url.clone()).body(body);
     for name in [header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT] {
         if let Some(value) = headers.get(&name) {
             request = request.header(name, value);
@@ -303,6 +292,7 @@ async fn attempt_once(
         return Err(format!("{} answered {status}", replica.spec.url));
     }
     let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
+    let length = upstream.content_length();
     let mut rest: UpstreamStream = Box::pin(upstream.bytes_stream());
     let first = match rest.next().await {
         Some(Ok(chunk)) => Some(chunk),
@@ -311,7 +301,8 @@ async fn attempt_once(
         }
         None => None,
     };
-    Ok(Committed { status, content_type, first, rest })
+    let complete = length.is_some_and(|n| first.as_ref().map_or(0, |b| b.len() as u64) == n);
+    Ok(Committed { status, content_type, complete, first, rest })
 }
 
 fn trace_record(
@@ -512,31 +503,26 @@ impl Stream for RelayBody {
 fn relay(
     ticket: Ticket,
     replica: Arc<Replica>,
-    status: StatusCode,
-    content_type: Option<HeaderValue>,
-    first: Option<Bytes>,
-    rest: UpstreamStream,
+    upstream: Upstream,
     trace: TraceRecord,
     decision: &Decision,
     policy_version: u64,
 ) -> Response {
+    let Upstream { status, content_type, complete, first, rest } = upstream;
     let is_sse = content_type.as_ref().is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let url = replica.spec.url.clone();
-    let body = RelayBody {
-        first,
-        rest,
-        is_sse,
-        done: false,
-        finish: Some(Finish {
-            ticket,
-            replica,
-            status,
-            trace,
-            usage: UsageSniffer::default(),
-            broken: false,
-        }),
+    let mut finish = Finish { ticket, replica, status, trace, usage: UsageSniffer::default(), broken: false };
+    let body = if complete && !is_sse {
+        // The whole answer is here (a non-streaming completion, an error): send it sized, in one
+        // write, and finish the request now rather than when the client has read it.
+        let whole = first.unwrap_or_default();
+        finish.usage.scan(&whole);
+        drop(finish);
+        Body::from(whole)
+    } else {
+        Body::from_stream(RelayBody { first, rest, is_sse, done: false, finish: Some(finish) })
     };
-    let mut response = Response::new(Body::from_stream(body));
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
     if let Some(content_type) = content_type {

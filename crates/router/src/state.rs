@@ -63,9 +63,20 @@ pub struct Replica {
     pub kv_resyncs: AtomicU64,
     /// Fires when the replica is removed (stops its KV subscriber).
     pub removed: CancellationToken,
+    /// `/v1/chat/completions` and `/v1/completions` of the replica, parsed once: parsing a URL per
+    /// request is measurable on the hot path.
+    pub upstream: [reqwest::Url; 2],
 }
 
 impl Replica {
+    /// The replica's URL for a routed request.
+    pub fn upstream_url(&self, route: crate::routing_key::Route) -> &reqwest::Url {
+        match route {
+            crate::routing_key::Route::Chat => &self.upstream[0],
+            crate::routing_key::Route::Completions => &self.upstream[1],
+        }
+    }
+
     /// Whether it is in rotation.
     pub fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
@@ -265,6 +276,9 @@ impl RouterState {
             .read_timeout(config.read_timeout)
             .pool_idle_timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
+            // Replicas are reached directly: a desktop's HTTP(S)_PROXY must not capture the data
+            // plane, and the per-request proxy lookup costs measurable time on the hot path.
+            .no_proxy()
             .build()?;
         let first = PolicyVersion::new(1, config.policy.clone(), None)?;
         let recorder = Recorder::new(&config.record)?;
@@ -322,6 +336,11 @@ impl RouterState {
         if current.replicas.iter().any(|replica| replica.spec.url == spec.url) {
             return Err(AddReplicaError::Exists(spec.url));
         }
+        let parse = |path: &str| {
+            reqwest::Url::parse(&format!("{}{path}", spec.url))
+                .map_err(|error| AddReplicaError::BadUrl(spec.url.clone(), error.to_string()))
+        };
+        let upstream = [parse("/v1/chat/completions")?, parse("/v1/completions")?];
         let id = admin.names.intern(&spec.url);
         let replica = Arc::new(Replica {
             id,
@@ -334,6 +353,7 @@ impl RouterState {
             kv_events: AtomicU64::new(0),
             kv_resyncs: AtomicU64::new(0),
             removed: self.shutdown.child_token(),
+            upstream,
         });
         let mut groups = current.groups.clone();
         // Publish the view first, then teach the engine: a pick never names a replica the view lacks.
@@ -590,6 +610,9 @@ pub enum AddReplicaError {
     /// Its URL is already in the fleet.
     #[error("{0} is already a replica of this router")]
     Exists(String),
+    /// Its URL does not parse as a URL.
+    #[error("{0} is not a usable URL ({1}); write it like http://127.0.0.1:8100")]
+    BadUrl(String, String),
     /// The policy in force could not build an engine (not expected: it was validated).
     #[error("cannot build an engine for the new model group: {0}")]
     Policy(SpecError),

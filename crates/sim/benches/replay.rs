@@ -8,7 +8,7 @@ use fleet_sim::workload::{GenConfig, generate};
 fn replay_12k_x16(c: &mut Criterion) {
     let records = generate(&GenConfig { requests: 12_000, ..GenConfig::default() }).expect("valid workload");
     let trace = fleet_trace::Trace::from_records(records).expect("valid trace");
-    // Twice the generated rate: 16 replicas under the load the quality table uses.
+    // Four times the generated rate (48 req/s): 16 replicas under load, so queues and preemption run too.
     let prepared = replay::prepare(&trace, None, 4.0).expect("prepared");
     let mut group = c.benchmark_group("replay_12k_requests_16_replicas");
     group.sample_size(10);

@@ -170,8 +170,16 @@ async fn replicas_are_listed_added_and_removed() -> Result<()> {
     let again =
         http.post(&replicas_url).bearer_auth(TOKEN).json(&json!({"url": sim.urls()[1]})).send().await?;
     assert_eq!(again.status(), 409);
-    let bad = http.post(&replicas_url).bearer_auth(TOKEN).json(&json!({"url": "ftp://x"})).send().await?;
-    assert_eq!(bad.status(), 422);
+    for url in ["ftp://x", "http://127.0.0.1:notaport"] {
+        let bad = http.post(&replicas_url).bearer_auth(TOKEN).json(&json!({"url": url})).send().await?;
+        assert_eq!(bad.status(), 422, "{url}");
+        let body: Value = bad.json().await?;
+        assert_eq!(
+            (body["code"].as_str(), body["field"].as_str()),
+            (Some("invalid_replica"), Some("url")),
+            "{body}"
+        );
+    }
 
     // Round robin now alternates over both.
     let mut served = std::collections::BTreeSet::new();
