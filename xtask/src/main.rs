@@ -72,11 +72,12 @@ fn main() -> ExitCode {
 }
 
 fn root() -> PathBuf {
-    // xtask/ sits directly under the workspace root.
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    // xtask/ sits directly under the workspace root. `cargo run` sets CARGO_MANIFEST_DIR at run
+    // time: prefer it to the compile-time value, because two checkouts sharing one target dir
+    // (a CI clone and a working copy) share the uplifted xtask binary too.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    manifest_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// The cargo target directory (honours CARGO_TARGET_DIR, as CI's cache uses it).
