@@ -87,6 +87,11 @@ pub async fn start(
     };
     let server = match &state.config.tls {
         None => tokio::spawn(async move {
+            use axum::serve::ListenerExt;
+            // Streamed tokens are small writes: never hold one back for an ACK (Nagle).
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown)
                 .await

@@ -65,6 +65,8 @@ impl TlsListener {
                         continue;
                     }
                 };
+                // Streamed tokens are small writes: never hold one back for an ACK (Nagle).
+                let _ = stream.set_nodelay(true);
                 let (acceptor, handed_to) = (acceptor.clone(), sender.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

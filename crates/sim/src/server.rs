@@ -397,7 +397,11 @@ impl axum::serve::Listener for DownableListener {
             };
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok(connection) => return connection,
+                    Ok(connection) => {
+                        // As vLLM's server does: streamed tokens go out without waiting for ACKs.
+                        let _ = connection.0.set_nodelay(true);
+                        return connection;
+                    }
                     Err(error) => {
                         // Out of file descriptors and the like: back off instead of spinning.
                         tracing::debug!(%error, "accept failed");
