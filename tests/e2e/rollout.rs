@@ -205,6 +205,8 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     set(&browser, "canary-pick-1", json!(false)).await?;
     set(&browser, "canary-observe", json!("300")).await?;
     set(&browser, "canary-ratio", json!("1.5")).await?;
+    // Millisecond TTFTs differ by ratios on noise alone; the stall below adds hundreds of ms.
+    set(&browser, "canary-increase", json!("100")).await?;
     set(&browser, "canary-drop", json!("1.0")).await?;
     set(&browser, "canary-min", json!("15")).await?;
     click(&browser, "canary-start").await?;

@@ -196,8 +196,10 @@ pub struct PushReport {
 /// When a canary is judged worse than the rest.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CanaryGuards {
-    /// Roll back when the canary's TTFT p95 exceeds this multiple of the rest's (e.g. 1.25).
+    /// Roll back when the canary's TTFT p95 exceeds this multiple of the rest's (e.g. 1.25)...
     pub max_ttft_p95_ratio: f64,
+    /// ...and is at least this many milliseconds above it.
+    pub min_ttft_p95_increase_ms: f64,
     /// Roll back when the canary's hit rate is this much below the rest's (0.05 = 5 points).
     pub max_hit_rate_drop: f64,
     /// Requests each side must have served before the guards judge.
@@ -206,7 +208,12 @@ pub struct CanaryGuards {
 
 impl Default for CanaryGuards {
     fn default() -> Self {
-        Self { max_ttft_p95_ratio: 1.25, max_hit_rate_drop: 0.05, min_requests: 50 }
+        Self {
+            max_ttft_p95_ratio: 1.25,
+            min_ttft_p95_increase_ms: 50.0,
+            max_hit_rate_drop: 0.05,
+            min_requests: 50,
+        }
     }
 }
 

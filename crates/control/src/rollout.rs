@@ -425,6 +425,7 @@ impl Control {
             observe_ms: args.observe_s * 1000,
             guards: Guards {
                 max_ttft_p95_ratio: args.guards.max_ttft_p95_ratio,
+                min_ttft_p95_increase_ms: args.guards.min_ttft_p95_increase_ms,
                 max_hit_rate_drop: args.guards.max_hit_rate_drop,
                 min_requests: args.guards.min_requests,
             },

@@ -19,12 +19,16 @@ use crate::push::PushOutcome;
 /// A router, as the app names it (its admin URL).
 pub type RouterKey = String;
 
-/// When a canary is judged worse than the rest. Defaults: 1.25x TTFT p95, 5 points of hit rate, 50 requests.
+/// When a canary is judged worse than the rest. Defaults: 1.25x TTFT p95 and at least 50 ms slower, 5 points
+/// of hit rate, 50 requests.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Guards {
-    /// Roll back when the canaries' TTFT p95 exceeds this multiple of the baseline's.
+    /// Roll back when the canaries' TTFT p95 exceeds this multiple of the baseline's...
     pub max_ttft_p95_ratio: f64,
+    /// ...and is at least this many milliseconds above it: at millisecond TTFTs a ratio alone trips
+    /// on noise (10 ms against 6 ms is 1.7x and harmless).
+    pub min_ttft_p95_increase_ms: f64,
     /// Roll back when the canaries' prefix hit rate is this much below the baseline's (0.05 = 5 points).
     pub max_hit_rate_drop: f64,
     /// Requests each side must have served in the window before the guards judge it.
@@ -33,7 +37,12 @@ pub struct Guards {
 
 impl Default for Guards {
     fn default() -> Self {
-        Guards { max_ttft_p95_ratio: 1.25, max_hit_rate_drop: 0.05, min_requests: 50 }
+        Guards {
+            max_ttft_p95_ratio: 1.25,
+            min_ttft_p95_increase_ms: 50.0,
+            max_hit_rate_drop: 0.05,
+            min_requests: 50,
+        }
     }
 }
 
@@ -85,6 +94,13 @@ impl CanaryPlan {
                 field: "max_ttft_p95_ratio",
                 value: guards.max_ttft_p95_ratio.to_string(),
                 fix: "use a ratio of at least 1.0, e.g. 1.25 to allow 25% slower first tokens",
+            });
+        }
+        if !(guards.min_ttft_p95_increase_ms.is_finite() && guards.min_ttft_p95_increase_ms >= 0.0) {
+            return Err(CanaryError::Guard {
+                field: "min_ttft_p95_increase_ms",
+                value: guards.min_ttft_p95_increase_ms.to_string(),
+                fix: "use 0 or more milliseconds, e.g. 50 to ignore smaller TTFT changes",
             });
         }
         if !(0.0..=1.0).contains(&guards.max_hit_rate_drop) {
@@ -385,13 +401,15 @@ fn crossed_guard(guards: &Guards, canary: &SideWindow, baseline: &SideWindow) ->
     if let (Some(canary_p95), Some(baseline_p95)) = (canary.ttft_p95_s, baseline.ttft_p95_s)
         && baseline_p95 > 0.0
         && canary_p95 > guards.max_ttft_p95_ratio * baseline_p95
+        && (canary_p95 - baseline_p95) * 1e3 >= guards.min_ttft_p95_increase_ms
     {
         return Some(format!(
-            "canary TTFT p95 {:.0} ms is {:.2}x the baseline's {:.0} ms (limit {:.2}x)",
+            "canary TTFT p95 {:.0} ms is {:.2}x the baseline's {:.0} ms (limit {:.2}x and +{:.0} ms)",
             canary_p95 * 1e3,
             canary_p95 / baseline_p95,
             baseline_p95 * 1e3,
-            guards.max_ttft_p95_ratio
+            guards.max_ttft_p95_ratio,
+            guards.min_ttft_p95_increase_ms
         ));
     }
     if let (Some(canary_hit), Some(baseline_hit)) = (canary.hit_rate, baseline.hit_rate)
@@ -470,6 +488,17 @@ mod tests {
         assert_eq!(canary.on_rollback_outcomes(&applied(&["a"]), 400), Action::Finished);
         assert!(matches!(canary.phase(), Phase::RolledBack { .. }));
         assert!(canary.applied().is_empty());
+    }
+
+    #[test]
+    fn a_slower_ratio_within_the_absolute_slack_is_noise_not_a_rollback() {
+        let (mut canary, _) = Canary::start(plan(), 0).unwrap();
+        canary.on_push_outcomes(&applied(&["a"]), 0);
+        // 1.7x, but only 7 ms: under the default 50 ms slack.
+        assert_eq!(canary.on_observation(&side(60, 0.017, 0.6), &side(60, 0.010, 0.6), 300), Action::Observe);
+        let mut negative = plan();
+        negative.guards.min_ttft_p95_increase_ms = -1.0;
+        assert!(Canary::start(negative, 0).unwrap_err().to_string().contains("min_ttft_p95_increase_ms"));
     }
 
     #[test]

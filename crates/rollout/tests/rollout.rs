@@ -42,7 +42,8 @@ fn answer(routers: &[String], refuse: bool) -> Vec<(String, PushOutcome)> {
 
 fn crosses(guards: &Guards, canary: &SideWindow, baseline: &SideWindow) -> bool {
     let slow = matches!((canary.ttft_p95_s, baseline.ttft_p95_s),
-        (Some(c), Some(b)) if b > 0.0 && c > guards.max_ttft_p95_ratio * b);
+        (Some(c), Some(b)) if b > 0.0 && c > guards.max_ttft_p95_ratio * b
+            && (c - b) * 1e3 >= guards.min_ttft_p95_increase_ms);
     let cold = matches!((canary.hit_rate, baseline.hit_rate),
         (Some(c), Some(b)) if b - c > guards.max_hit_rate_drop);
     slow || cold

@@ -193,6 +193,7 @@ fn CanaryPanel(
     let status = poll::<_, CanaryView>(CMD_CANARY_STATUS, || json!({}), 1000.0);
     let observe_s = RwSignal::new("60".to_owned());
     let ratio = RwSignal::new("1.25".to_owned());
+    let increase_ms = RwSignal::new("50".to_owned());
     let drop = RwSignal::new("0.05".to_owned());
     let min_requests = RwSignal::new("50".to_owned());
     let error = RwSignal::new(None::<ApiError>);
@@ -216,6 +217,7 @@ fn CanaryPanel(
                 observe_s: parse(observe_s, "observe seconds")? as u64,
                 guards: CanaryGuards {
                     max_ttft_p95_ratio: parse(ratio, "TTFT p95 ratio")?,
+                    min_ttft_p95_increase_ms: parse(increase_ms, "TTFT p95 increase (ms)")?,
                     max_hit_rate_drop: parse(drop, "hit-rate drop")?,
                     min_requests: parse(min_requests, "minimum requests")? as u64,
                 },
@@ -282,6 +284,7 @@ fn CanaryPanel(
             <div class="toolbar">
                 {field("watch (s) ", "canary-observe", observe_s)}
                 {field(" roll back if TTFT p95 > x ", "canary-ratio", ratio)}
+                {field(" and by ms ", "canary-increase", increase_ms)}
                 {field(" or hit rate drops by ", "canary-drop", drop)}
                 {field(" judged after requests ", "canary-min", min_requests)}
                 <button class="primary" data-testid="canary-start" on:click=start>"Start canary"</button>

@@ -254,7 +254,12 @@ async fn a_canary_made_slower_by_fault_injection_rolls_back_by_itself() -> Resul
             canary: vec![canary.clone()],
             baseline: vec![baseline.clone()],
             observe_s: 120,
-            guards: CanaryGuards { max_ttft_p95_ratio: 1.5, max_hit_rate_drop: 1.0, min_requests: 15 },
+            guards: CanaryGuards {
+                max_ttft_p95_ratio: 1.5,
+                min_ttft_p95_increase_ms: 100.0,
+                max_hit_rate_drop: 1.0,
+                min_requests: 15,
+            },
             check_every_ms: Some(500),
             operator: Some("ana".into()),
         })
