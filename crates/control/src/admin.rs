@@ -12,6 +12,34 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
+pub(crate) use fleet_telemetry::error_chain;
+
+/// Why a router's answer body could not be read.
+#[derive(Debug)]
+pub(crate) enum BodyError {
+    /// Larger than the limit (announced or streamed).
+    TooLarge,
+    /// The connection failed mid-body (the cause chain).
+    Broken(String),
+}
+
+/// Reads a response body of at most `limit` bytes, refusing early on a larger Content-Length.
+pub(crate) async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| BodyError::Broken(error_chain(&e)))?;
+        if body.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 /// Deadline of one admin call (connect, headers and body).
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(4);
 /// Largest `/admin/state` or `/admin/decisions` body accepted.
@@ -284,21 +312,12 @@ impl AdminClient {
                     |e| AdminError::Unreachable { url: self.url.clone(), detail: error_chain(&e) },
                 )?;
             let status = response.status().as_u16();
-            if response.content_length().is_some_and(|n| n > limit as u64) {
-                return Err(AdminError::TooLarge { url: self.url.clone(), path: path.to_owned(), limit });
-            }
-            let mut body = Vec::new();
-            let mut stream = response.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| AdminError::Unreachable {
-                    url: self.url.clone(),
-                    detail: error_chain(&e),
-                })?;
-                if body.len() + chunk.len() > limit {
-                    return Err(AdminError::TooLarge { url: self.url.clone(), path: path.to_owned(), limit });
+            let body = read_limited(response, limit).await.map_err(|error| match error {
+                BodyError::TooLarge => {
+                    AdminError::TooLarge { url: self.url.clone(), path: path.to_owned(), limit }
                 }
-                body.extend_from_slice(&chunk);
-            }
+                BodyError::Broken(detail) => AdminError::Unreachable { url: self.url.clone(), detail },
+            })?;
             match status {
                 200..=299 => Ok(body),
                 401 => Err(AdminError::Unauthorized { url: self.url.clone() }),
@@ -319,18 +338,6 @@ impl AdminClient {
             .await
             .unwrap_or_else(|_| Err(AdminError::Timeout { url: self.url.clone(), timeout: ADMIN_TIMEOUT }))
     }
-}
-
-/// reqwest's top-level message hides the cause; show the chain.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -18,12 +18,11 @@ use fleetdeck_api::{
     AbortCanaryArgs, ApiError, CanaryArgs, CanaryGuards, CanaryStatus, CanaryStep, CanaryView, DriftBadge,
     PushArgs, PushReport, PushResult, RouterPush, SideFigures,
 };
-use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{AdminClient, error_chain};
+use crate::admin::{AdminClient, BodyError, error_chain, read_limited};
 use crate::fleet::{Control, unix_ms_now};
 
 /// Deadline of one policy call (connect, headers and body).
@@ -82,24 +81,21 @@ async fn exchange(
         }
         let response = request.send().await.map_err(|e| error_chain(&e))?;
         let status = response.status().as_u16();
-        if response.content_length().is_some_and(|n| n > MAX_POLICY_BODY as u64) {
-            return Err(format!("the answer is larger than {MAX_POLICY_BODY} bytes"));
-        }
-        let mut bytes = Vec::new();
-        let mut stream = response.bytes_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| error_chain(&e))?;
-            if bytes.len() + chunk.len() > MAX_POLICY_BODY {
-                return Err(format!("the answer is larger than {MAX_POLICY_BODY} bytes"));
-            }
-            bytes.extend_from_slice(&chunk);
-        }
+        let bytes = read_limited(response, MAX_POLICY_BODY).await.map_err(|error| match error {
+            BodyError::TooLarge => format!("the answer is larger than {MAX_POLICY_BODY} bytes"),
+            BodyError::Broken(detail) => detail,
+        })?;
         Ok((status, bytes))
     };
     match tokio::time::timeout(POLICY_TIMEOUT, work).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {POLICY_TIMEOUT:?}")),
     }
+}
+
+/// Every router of a step the app could not even address (an unknown URL), with the reason.
+fn all_unreachable(routers: &[String], error: &ApiError) -> Vec<(String, PushOutcome)> {
+    routers.iter().map(|r| (r.clone(), PushOutcome::Unreachable { error: error.message.clone() })).collect()
 }
 
 /// The router's error body `{code, message}`, or a shortened raw body.
@@ -634,12 +630,7 @@ impl Control {
     ) -> Vec<(String, PushOutcome)> {
         let clients = match self.clients_for(routers) {
             Ok(clients) => clients,
-            Err(e) => {
-                return routers
-                    .iter()
-                    .map(|r| (r.clone(), PushOutcome::Unreachable { error: e.message.clone() }))
-                    .collect();
-            }
+            Err(e) => return all_unreachable(routers, &e),
         };
         let outcomes = futures_util::future::join_all(clients.iter().map(|c| push_current(c, spec))).await;
         let mut answered = Vec::new();
@@ -655,12 +646,7 @@ impl Control {
     async fn roll_back(&self, routers: &[String], label: &str, author: &str) -> Vec<(String, PushOutcome)> {
         let clients = match self.clients_for(routers) {
             Ok(clients) => clients,
-            Err(e) => {
-                return routers
-                    .iter()
-                    .map(|r| (r.clone(), PushOutcome::Unreachable { error: e.message.clone() }))
-                    .collect();
-            }
+            Err(e) => return all_unreachable(routers, &e),
         };
         let outcomes = futures_util::future::join_all(clients.iter().map(rollback_policy)).await;
         let restored = futures_util::future::join_all(clients.iter().map(read_policy)).await;

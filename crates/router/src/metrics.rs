@@ -41,7 +41,9 @@ pub fn branch_label(branch: Branch) -> &'static str {
 /// Counters updated by requests.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Replica URL -> status -> count. Nested so that counting looks the URL up by `&str`: the hot
+    /// path allocates only the first time a replica answers.
+    requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
     pick_buckets: [AtomicU64; PICK_BUCKETS.len()],
     pick_count: AtomicU64,
     pick_sum_nanos: AtomicU64,
@@ -77,12 +79,11 @@ impl Metrics {
     /// Counts one answered request.
     pub fn count_request(&self, replica: &str, status: u16) {
         let mut requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match requests.get_mut(&(replica.to_owned(), status)) {
-            Some(count) => *count += 1,
-            None => {
-                requests.insert((replica.to_owned(), status), 1);
-            }
-        }
+        let by_status = match requests.get_mut(replica) {
+            Some(by_status) => by_status,
+            None => requests.entry(replica.to_owned()).or_default(),
+        };
+        *by_status.entry(status).or_default() += 1;
     }
 
     /// Counts one pick: its latency, branch and estimated hit.
@@ -106,7 +107,7 @@ impl Metrics {
     /// Requests counted for `replica` with `status`.
     pub fn requests(&self, replica: &str, status: u16) -> u64 {
         let requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        requests.get(&(replica.to_owned(), status)).copied().unwrap_or(0)
+        requests.get(replica).and_then(|by_status| by_status.get(&status)).copied().unwrap_or(0)
     }
 
     /// Renders every family as Prometheus text (format 0.0.4).
@@ -126,12 +127,14 @@ impl Metrics {
         );
         {
             let requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for ((replica, status), count) in requests.iter() {
-                let _ = writeln!(
-                    out,
-                    "fleet_router_requests_total{{replica=\"{}\",status=\"{status}\"}} {count}",
-                    escape(replica)
-                );
+            for (replica, by_status) in requests.iter() {
+                for (status, count) in by_status {
+                    let _ = writeln!(
+                        out,
+                        "fleet_router_requests_total{{replica=\"{}\",status=\"{status}\"}} {count}",
+                        escape(replica)
+                    );
+                }
             }
         }
         family(

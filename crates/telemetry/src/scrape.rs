@@ -120,7 +120,7 @@ pub async fn scrape(
 }
 
 /// reqwest's top-level message hides the cause ("error sending request"); show the chain.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
