@@ -1,14 +1,17 @@
 //! `cargo xtask bench router`: fleet-router's added latency and throughput against going direct and
 //! against nginx round-robin, over the same emulated replicas, measured with wrk in one run.
 //!
-//! Installs Debian's `nginx` and `wrk` when missing, builds release binaries, starts two `fleet-sim`
-//! replicas, `fleet-router` (round_robin) and nginx (upstream round-robin, keepalive) over them, then runs
-//! wrk against each. Two workloads:
+//! Installs Debian's `nginx` and `wrk` when missing, builds the binaries with the `production` profile
+//! (fat LTO, as the router is built for deployment), starts two `fleet-sim` replicas, `fleet-router`
+//! (round_robin) and nginx (upstream round-robin, keepalive) over them, then runs wrk against each. Two workloads:
 //! - `fast`: a completion the replica rejects at once (`max_tokens: -1`, answered 400 with no model time),
 //!   which isolates the proxies' own cost; every proxy runs its full path (parse, pick, forward, relay).
 //! - `gen`: a one-token completion (about 12 ms of emulated model time), the realistic case.
 //!
-//! Latency runs use one connection (added p50/p99 = proxy minus direct); throughput runs use 64.
+//! Latency runs use one connection (added p50/p99 = proxy minus direct in the same round), in interleaved
+//! rounds whose median is reported: on a small VM single runs move by tens of microseconds with the host's
+//! scheduling. Throughput runs use 64 connections. The proxies' CPU time per request (from /proc) is
+//! printed beside, a figure the scheduling noise hardly moves.
 //! Targets: added p50 <= 50 us, added p99 <= 500 us, req/s >= 0.8 x nginx. Not part of CI.
 
 use std::fs;
@@ -20,8 +23,16 @@ use std::time::{Duration, Instant};
 
 use crate::{Result, cargo, install_packages, run, target_dir};
 
-/// Seconds per wrk run.
-const RUN_SECONDS: u32 = 8;
+/// Seconds per latency run (one connection); the rounds interleave the targets.
+const LATENCY_SECONDS: u32 = 2;
+/// Seconds per throughput run (64 connections) and how many rounds of them.
+const THROUGHPUT_SECONDS: u32 = 3;
+const THROUGHPUT_ROUNDS: usize = 3;
+/// Latency rounds (override with FLEET_BENCH_ROUNDS): a VM's scheduling noise moves single runs by
+/// tens of microseconds, the median of interleaved rounds far less.
+fn bench_rounds() -> usize {
+    std::env::var("FLEET_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(11)
+}
 /// Router worker threads (override with FLEET_BENCH_ROUTER_THREADS to compare).
 fn router_threads() -> String {
     std::env::var("FLEET_BENCH_ROUTER_THREADS").unwrap_or_else(|_| "1".to_owned())
@@ -100,12 +111,13 @@ fn nginx_config(dir: &Path, port: u16, replicas: &[u16]) -> String {
     )
 }
 
-/// Latency percentiles (microseconds) and requests per second of one wrk run.
+/// Latency percentiles (microseconds), requests per second and request count of one wrk run.
 #[derive(Debug, Clone, Copy)]
 struct WrkResult {
     p50_us: f64,
     p99_us: f64,
     rps: f64,
+    requests: f64,
 }
 
 fn parse_duration_us(text: &str) -> Option<f64> {
@@ -122,12 +134,29 @@ fn parse_duration_us(text: &str) -> Option<f64> {
     number.trim().parse::<f64>().ok().map(|n| n * factor)
 }
 
-fn wrk(url: &str, script: &Path, connections: u32) -> Result<WrkResult> {
+/// Reads wrk's `--latency` report.
+fn parse_wrk(text: &str) -> Option<WrkResult> {
+    let mut result = WrkResult { p50_us: f64::NAN, p99_us: f64::NAN, rps: f64::NAN, requests: f64::NAN };
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("50.000%" | "50%"), Some(value), _) => result.p50_us = parse_duration_us(value)?,
+            (Some("99.000%" | "99%"), Some(value), _) => result.p99_us = parse_duration_us(value)?,
+            (Some("Requests/sec:"), Some(value), _) => result.rps = value.parse().ok()?,
+            (Some(count), Some("requests"), Some("in")) => result.requests = count.parse().ok()?,
+            _ => {}
+        }
+    }
+    let complete = [result.p50_us, result.p99_us, result.rps, result.requests].iter().all(|v| v.is_finite());
+    complete.then_some(result)
+}
+
+fn wrk(url: &str, script: &Path, connections: u32, seconds: u32) -> Result<WrkResult> {
     let output = Command::new("wrk")
         .args([
             "-t1",
             &format!("-c{connections}"),
-            &format!("-d{RUN_SECONDS}s"),
+            &format!("-d{seconds}s"),
             "--latency",
             "-s",
             &script.to_string_lossy(),
@@ -139,27 +168,49 @@ fn wrk(url: &str, script: &Path, connections: u32) -> Result<WrkResult> {
     if !output.status.success() {
         return Err(format!("wrk failed: {text}{}", String::from_utf8_lossy(&output.stderr)));
     }
-    let mut result = WrkResult { p50_us: f64::NAN, p99_us: f64::NAN, rps: f64::NAN };
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        match (words.next(), words.next()) {
-            (Some("50.000%" | "50%"), Some(value)) => {
-                result.p50_us = parse_duration_us(value).unwrap_or(f64::NAN)
-            }
-            (Some("99.000%" | "99%"), Some(value)) => {
-                result.p99_us = parse_duration_us(value).unwrap_or(f64::NAN)
-            }
-            (Some("Requests/sec:"), Some(value)) => result.rps = value.parse().unwrap_or(f64::NAN),
-            _ => {}
-        }
-    }
-    if result.p50_us.is_nan() || result.rps.is_nan() {
-        return Err(format!("cannot read wrk's output:\n{text}"));
-    }
     if text.contains("Non-2xx") && !script.to_string_lossy().contains("fast") {
         return Err(format!("the gen workload got non-2xx answers:\n{text}"));
     }
-    Ok(result)
+    parse_wrk(&text).ok_or_else(|| format!("cannot read wrk's output:\n{text}"))
+}
+
+/// CPU time (user, system) a process and its threads have used so far, in seconds.
+fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    let per_second = 100.0; // USER_HZ on Linux
+    Some((ticks(11)? / per_second, ticks(12)? / per_second))
+}
+
+/// The processes whose CPU a target's requests cost: the router itself, or nginx's workers.
+fn serving_pids(pid: u32) -> Vec<u32> {
+    let children = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let workers: Vec<u32> = children.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    if workers.is_empty() { vec![pid] } else { workers }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// One proxy's figures over the rounds of a workload.
+#[derive(Debug, Default)]
+struct Samples {
+    p50_us: Vec<f64>,
+    p99_us: Vec<f64>,
+    added_p50_us: Vec<f64>,
+    added_p99_us: Vec<f64>,
+    rps: Vec<f64>,
+    cpu_user_us: Vec<f64>,
+    cpu_system_us: Vec<f64>,
 }
 
 fn write_script(dir: &Path, name: &str, body: &str) -> Result<PathBuf> {
@@ -181,8 +232,10 @@ pub fn run_bench(args: &[String]) -> Result<()> {
 
 fn router_bench() -> Result<()> {
     install_packages(&["nginx", "wrk"])?;
-    run(cargo(), &["build", "--release", "-p", "fleet-sim", "-p", "fleet-router"], &[])?;
-    let bin = target_dir().join("release");
+    // The production profile (fat LTO), as the router is built for deployment; the replicas too, so
+    // that they are no slower than in a real deployment's emulation.
+    run(cargo(), &["build", "--profile", "production", "-p", "fleet-sim", "-p", "fleet-router"], &[])?;
+    let bin = target_dir().join("production");
     let dir = std::env::temp_dir().join(format!("fleet-router-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
 
@@ -225,44 +278,105 @@ fn router_bench() -> Result<()> {
 
     let fast = write_script(&dir, "fast", r#"{"prompt": "hello", "max_tokens": -1}"#)?;
     let generate = write_script(&dir, "gen", r#"{"prompt": "hello there", "max_tokens": 1}"#)?;
+    let nginx_pid = guards.last().map(|guard| guard.0.id()).ok_or("nginx did not start")?;
+    let router_pid = guards[guards.len() - 2].0.id();
     let targets = [
-        ("direct", format!("http://127.0.0.1:{}", replica_ports[0])),
-        ("nginx", format!("http://127.0.0.1:{nginx_port}")),
-        ("router", format!("http://127.0.0.1:{router_port}")),
+        ("direct", format!("http://127.0.0.1:{}", replica_ports[0]), None),
+        ("nginx", format!("http://127.0.0.1:{nginx_port}"), Some(nginx_pid)),
+        ("router", format!("http://127.0.0.1:{router_port}"), Some(router_pid)),
     ];
+    let rounds = bench_rounds();
     println!(
-        "\nfleet-router bench: 2 fleet-sim replicas, wrk -t1, {RUN_SECONDS} s per run, router --worker-threads {}, nginx worker_processes 1\n",
+        "\nfleet-router bench: 2 fleet-sim replicas, wrk -t1, router --worker-threads {}, nginx worker_processes 1",
         router_threads()
+    );
+    println!(
+        "latency: {rounds} rounds x {LATENCY_SECONDS} s per target at 1 connection, targets interleaved, median of \
+         the rounds (added = proxy minus direct in the same round); throughput: {THROUGHPUT_ROUNDS} rounds x \
+         {THROUGHPUT_SECONDS} s at 64 connections; cpu = the proxy's user/system time per request at 1 connection\n"
     );
     for (workload, script) in [("fast", &fast), ("gen", &generate)] {
         // Warm every path (connection pools, caches) before measuring.
-        for (_, url) in &targets {
+        for (_, url, _) in &targets {
             let _ = Command::new("wrk")
                 .args(["-t1", "-c8", "-d2s", "-s", &script.to_string_lossy(), url])
                 .output();
         }
-        let mut latency = Vec::new();
-        let mut throughput = Vec::new();
-        for (name, url) in &targets {
-            latency.push((*name, wrk(url, script, 1)?));
-            throughput.push((*name, wrk(url, script, 64)?));
+        let mut samples: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
+        for round in 0..rounds {
+            // Rotate the order so no target always runs first (or right after another).
+            let mut direct = None;
+            let mut results = vec![None; targets.len()];
+            for k in 0..targets.len() {
+                let i = (round + k) % targets.len();
+                let (_, url, pid) = &targets[i];
+                let pids = pid.map(serving_pids).unwrap_or_default();
+                let before: Vec<_> = pids.iter().filter_map(|p| cpu_seconds(*p)).collect();
+                let result = wrk(url, script, 1, LATENCY_SECONDS)?;
+                let after: Vec<_> = pids.iter().filter_map(|p| cpu_seconds(*p)).collect();
+                if !pids.is_empty() && before.len() == after.len() {
+                    let used = |pick: fn(&(f64, f64)) -> f64| {
+                        after.iter().zip(&before).map(|(a, b)| pick(a) - pick(b)).sum::<f64>() * 1e6
+                            / result.requests
+                    };
+                    samples[i].cpu_user_us.push(used(|t| t.0));
+                    samples[i].cpu_system_us.push(used(|t| t.1));
+                }
+                if i == 0 {
+                    direct = Some(result);
+                }
+                results[i] = Some(result);
+            }
+            let direct = direct.ok_or("no direct run")?;
+            for (i, result) in results.into_iter().enumerate() {
+                let result = result.ok_or("a target did not run")?;
+                samples[i].p50_us.push(result.p50_us);
+                samples[i].p99_us.push(result.p99_us);
+                samples[i].added_p50_us.push(result.p50_us - direct.p50_us);
+                samples[i].added_p99_us.push(result.p99_us - direct.p99_us);
+            }
         }
-        let direct = latency[0].1;
-        let nginx_rps = throughput[1].1.rps;
+        for round in 0..THROUGHPUT_ROUNDS {
+            for k in 0..targets.len() {
+                let i = (round + k) % targets.len();
+                samples[i].rps.push(wrk(&targets[i].1, script, 64, THROUGHPUT_SECONDS)?.rps);
+            }
+        }
+        let nginx_rps = median(&mut samples[1].rps.clone());
         println!("workload {workload}:");
         println!(
-            "  {:<8} {:>10} {:>10} {:>12} {:>12} {:>10} {:>8}",
-            "target", "p50 us", "p99 us", "added p50", "added p99", "req/s", "x nginx"
+            "  {:<8} {:>8} {:>8} {:>10} {:>17} {:>10} {:>9} {:>7} {:>14}",
+            "target",
+            "p50 us",
+            "p99 us",
+            "added p50",
+            "(min..max)",
+            "added p99",
+            "req/s",
+            "x nginx",
+            "cpu us/req"
         );
-        for ((name, lat), (_, thr)) in latency.iter().zip(&throughput) {
+        for ((name, _, _), s) in targets.iter().zip(&mut samples) {
+            let range = if s.added_p50_us.is_empty() {
+                String::new()
+            } else {
+                let low = s.added_p50_us.iter().copied().fold(f64::INFINITY, f64::min);
+                let high = s.added_p50_us.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                format!("({low:.0}..{high:.0})")
+            };
+            let rps = median(&mut s.rps);
+            let cpu = if s.cpu_user_us.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.1}u + {:.1}s", median(&mut s.cpu_user_us), median(&mut s.cpu_system_us))
+            };
             println!(
-                "  {name:<8} {:>10.1} {:>10.1} {:>12.1} {:>12.1} {:>10.0} {:>8.2}",
-                lat.p50_us,
-                lat.p99_us,
-                lat.p50_us - direct.p50_us,
-                lat.p99_us - direct.p99_us,
-                thr.rps,
-                thr.rps / nginx_rps
+                "  {name:<8} {:>8.1} {:>8.1} {:>10.1} {range:>17} {:>10.1} {rps:>9.0} {:>7.2} {cpu:>14}",
+                median(&mut s.p50_us),
+                median(&mut s.p99_us),
+                median(&mut s.added_p50_us),
+                median(&mut s.added_p99_us),
+                rps / nginx_rps,
             );
         }
         println!();
@@ -275,6 +389,19 @@ fn router_bench() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wrk_reports_are_read() {
+        let report = "Running 2s test @ http://127.0.0.1:1\n  1 threads and 1 connections\n  Latency Distribution\n     50%   72.00us\n     75%   80.00us\n     90%   95.00us\n     99%    1.20ms\n  14000 requests in 2.00s, 3.1MB read\nRequests/sec:   7000.12\n";
+        let result = parse_wrk(report).unwrap();
+        assert_eq!(
+            (result.p50_us, result.p99_us, result.requests, result.rps),
+            (72.0, 1200.0, 14000.0, 7000.12)
+        );
+        assert!(parse_wrk("Requests/sec: 1\n").is_none(), "a report without percentiles is refused");
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
 
     #[test]
     fn wrk_durations_parse_in_microseconds() {

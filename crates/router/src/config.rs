@@ -62,10 +62,12 @@ impl FromStr for ReplicaSpec {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let mut parts = text.split(',').map(str::trim);
         let url = parts.next().unwrap_or_default();
-        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() <= "http://".len() {
+        if !url.starts_with("http://") || url.len() <= "http://".len() {
             return Err(ConfigError::new(
                 "replica",
-                format!("{url:?} is not an http(s) URL; write it like http://127.0.0.1:8100[,model=NAME]"),
+                format!(
+                    "{url:?} is not an http:// URL; write it like http://127.0.0.1:8100[,model=NAME] (replicas are reached over plain HTTP: put a TLS sidecar before one that only speaks https)"
+                ),
             ));
         }
         let mut spec = Self::url(url);
@@ -325,9 +327,14 @@ mod tests {
         assert_eq!(spec.kv_events.as_deref(), Some("tcp://127.0.0.1:5557"));
         assert_eq!(spec.host_port(), Some(("127.0.0.1".to_owned(), 8100)));
         assert_eq!(spec.to_string().parse::<ReplicaSpec>().unwrap(), spec);
-        for bad in
-            ["127.0.0.1:8100", "http://x,model", "http://x,colour=red", "http://x,kv=udp://a:1", "http://"]
-        {
+        for bad in [
+            "127.0.0.1:8100",
+            "https://gpu:8000",
+            "http://x,model",
+            "http://x,colour=red",
+            "http://x,kv=udp://a:1",
+            "http://",
+        ] {
             let error = bad.parse::<ReplicaSpec>().unwrap_err();
             assert_eq!(error.field, "replica", "{bad}");
         }

@@ -5,6 +5,7 @@
 //! - [`routing_key`]: a request's model, prompt blocks and session key (pure).
 //! - [`state`]: replicas grouped by model, one `fleet_policy::Engine` per group, policy versions, health.
 //! - [`proxy`]: the OpenAI routes: pick, retries before the first byte, unbuffered streaming.
+//! - [`upstream`]: the hot path's pooled HTTP/1 client for replicas, with connect and read timeouts.
 //! - [`admin`]: the token-checked admin API; [`metrics`]: `/metrics`; [`recording`]: the trace ring and file.
 //! - [`health`]: hysteresis over probes and request outcomes; [`kv_events`]: KV-event subscription.
 //! - `tls` (build feature `tls`): HTTPS with rustls; `tokenizer` (build feature): Hugging Face tokenizers.
@@ -36,15 +37,15 @@ pub mod routing_key;
 pub mod state;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
@@ -133,24 +134,22 @@ pub fn load_tokenizer(path: Option<&std::path::Path>) -> anyhow::Result<Option<A
 
 /// The router's routes over `state`.
 pub fn app(state: Arc<RouterState>) -> Router {
-    let max_body = state.config.max_body_bytes;
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
-        .layer(DefaultBodyLimit::max(max_body))
         .with_state(state.clone())
         .merge(admin::routes(state))
 }
 
-async fn chat(State(state): State<Arc<RouterState>>, headers: HeaderMap, body: Bytes) -> Response {
-    proxy::forward(state, routing_key::Route::Chat, headers, body).await
+async fn chat(State(state): State<Arc<RouterState>>, request: Request) -> Response {
+    proxy::handle(state, routing_key::Route::Chat, request).await
 }
 
-async fn completions(State(state): State<Arc<RouterState>>, headers: HeaderMap, body: Bytes) -> Response {
-    proxy::forward(state, routing_key::Route::Completions, headers, body).await
+async fn completions(State(state): State<Arc<RouterState>>, request: Request) -> Response {
+    proxy::handle(state, routing_key::Route::Completions, request).await
 }
 
 async fn models(State(state): State<Arc<RouterState>>) -> Response {

@@ -16,27 +16,29 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use fleet_policy::{Branch, CandidateExplanation, Decision, Engine, PickError, ReplicaId, RequestView};
 use fleet_trace::TraceRecord;
 use futures_util::{Stream, StreamExt};
+use http_body_util::LengthLimitError;
 use serde_json::json;
 
 use crate::metrics::branch_label;
 use crate::routing_key::{Route, RoutingInput, routing_input, session_hash};
 use crate::state::{DecisionRecord, FleetView, Group, Replica, RouterState, lock, unix_ms};
+use crate::upstream::TimedBody;
 
+// Header names are built at compile time: inserting by `&str` would parse and allocate per request.
 /// Response header naming the replica that served a request (for operators and tests).
-pub const REPLICA_HEADER: &str = "x-fleet-replica";
+pub const REPLICA_HEADER: HeaderName = HeaderName::from_static("x-fleet-replica");
 /// Response header naming the policy branch that decided.
-pub const BRANCH_HEADER: &str = "x-fleet-branch";
+pub const BRANCH_HEADER: HeaderName = HeaderName::from_static("x-fleet-branch");
 /// Response header with the policy version that decided.
-pub const POLICY_VERSION_HEADER: &str = "x-fleet-policy-version";
+pub const POLICY_VERSION_HEADER: HeaderName = HeaderName::from_static("x-fleet-policy-version");
 /// Request header carrying a session key (wins over the body's `user`).
-pub const SESSION_HEADER: &str = "x-session-id";
-
-type UpstreamStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
 
 /// Reads a response body up to `limit` bytes.
 pub async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
@@ -77,16 +79,41 @@ struct Committed {
     /// The first chunk is the whole body (its length is the announced Content-Length).
     complete: bool,
     first: Option<Bytes>,
-    rest: UpstreamStream,
+    rest: TimedBody,
 }
 
 /// The committed replica's answer, as [`relay`] passes it on.
 type Upstream = Committed;
 
+/// Proxies one OpenAI request: reads its body (up to the configured limit), then [`forward`]s it.
+///
+/// The request is taken whole rather than through axum's `HeaderMap` and `Bytes` extractors: those
+/// copy the headers, and a body over the limit deserves an OpenAI-shaped error naming the limit.
+pub async fn handle(state: Arc<RouterState>, route: Route, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let limit = state.config.max_body_bytes;
+    match axum::body::to_bytes(body, limit).await {
+        Ok(body) => forward(state, route, parts.headers, body).await,
+        Err(error) => {
+            let too_large =
+                std::error::Error::source(&error).is_some_and(|cause| cause.is::<LengthLimitError>());
+            if too_large {
+                let message = format!(
+                    "the request body is larger than {limit} bytes, the router's limit (--max-body-bytes)"
+                );
+                openai_error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", &message)
+            } else {
+                let message = format!("cannot read the request body: {error}");
+                openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", &message)
+            }
+        }
+    }
+}
+
 /// Proxies one OpenAI request.
 pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, body: Bytes) -> Response {
     let policy = state.policy.load();
-    let session = headers.get(SESSION_HEADER).and_then(|value| value.to_str().ok());
+    let session = headers.get(&SESSION_HEADER).and_then(|value| value.to_str().ok());
     let input = match routing_input(route, &body, session, policy.hashing, state.tokenizer.as_deref()) {
         Ok(input) => input,
         Err(error) => {
@@ -157,7 +184,7 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
         tried.push(current);
         ticket.replica = Some(replica.clone());
         replica.routed_total.fetch_add(1, Ordering::Relaxed);
-        match attempt_once(&state, &replica, replica.upstream_url(route), &headers, body.clone()).await {
+        match attempt_once(&state, &replica, replica.upstream_uri(route), &headers, body.clone()).await {
             Ok(Committed { status, content_type, complete, first, rest }) => {
                 if status.is_success() {
                     state.observe_health(&replica, true);
@@ -171,6 +198,7 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
                 };
                 let first_block = input.view.block_hashes.first().copied();
                 let trace = trace_record(&input, arrival_ms, &replica, &decision, policy_version, ttft_ms);
+                let branch = decision.branch;
                 state.remember_decision(
                     DecisionRecord {
                         ts_ms: arrival_ms,
@@ -179,14 +207,14 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
                         replica: replica.spec.url.clone(),
                         policy: decision.policy.clone(),
                         policy_version,
-                        decision: decision.clone(),
+                        decision,
                         attempts: attempts_urls,
                     },
                     first_block,
                     replica.id,
                 );
                 let upstream = Upstream { status, content_type, complete, first, rest };
-                return relay(ticket, replica, upstream, trace, &decision, policy_version);
+                return relay(ticket, replica, upstream, trace, branch, policy_version);
             }
             Err(error) => {
                 last_error = error;
@@ -275,26 +303,23 @@ fn next_replica(fleet: &FleetView, decision: &Decision, tried: &[ReplicaId]) -> 
 async fn attempt_once(
     state: &RouterState,
     replica: &Replica,
-    url: &reqwest::Url,
+    uri: Uri,
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Committed, String> {
-    let mut request = state.client.request(Method::POST, url.clone()).body(body);
-    for name in [header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT] {
-        if let Some(value) = headers.get(&name) {
-            request = request.header(name, value);
-        }
-    }
-    let upstream =
-        request.send().await.map_err(|error| format!("{} unreachable: {error}", replica.spec.url))?;
+    let upstream = state
+        .upstream
+        .post(uri, headers, body)
+        .await
+        .map_err(|error| format!("{} unreachable: {error}", replica.spec.url))?;
     let status = upstream.status();
     if status.is_server_error() {
         return Err(format!("{} answered {status}", replica.spec.url));
     }
     let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
-    let length = upstream.content_length();
-    let mut rest: UpstreamStream = Box::pin(upstream.bytes_stream());
-    let first = match rest.next().await {
+    let mut rest = upstream.into_body();
+    let length = rest.exact_len();
+    let first = match rest.next_chunk().await {
         Some(Ok(chunk)) => Some(chunk),
         Some(Err(error)) => {
             return Err(format!("{} failed before its first byte: {error}", replica.spec.url));
@@ -416,7 +441,7 @@ fn number_after(haystack: &[u8], key: &[u8]) -> Option<u32> {
 /// The client-facing body: the first chunk, then the replica's stream; finishes the request on drop.
 struct RelayBody {
     first: Option<Bytes>,
-    rest: UpstreamStream,
+    rest: TimedBody,
     is_sse: bool,
     done: bool,
     finish: Option<Finish>,
@@ -463,7 +488,7 @@ impl Stream for RelayBody {
             }
             return Poll::Ready(Some(Ok(first)));
         }
-        match self.rest.poll_next_unpin(cx) {
+        match self.rest.poll_chunk(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(chunk))) => {
                 if let Some(finish) = &mut self.finish {
@@ -487,7 +512,7 @@ impl Stream for RelayBody {
                     }});
                     Poll::Ready(Some(Ok(Bytes::from(format!("data: {event}\n\n")))))
                 } else {
-                    Poll::Ready(Some(Err(std::io::Error::other(error))))
+                    Poll::Ready(Some(Err(std::io::Error::other(error.to_string()))))
                 }
             }
             Poll::Ready(None) => {
@@ -505,12 +530,12 @@ fn relay(
     replica: Arc<Replica>,
     upstream: Upstream,
     trace: TraceRecord,
-    decision: &Decision,
+    branch: Branch,
     policy_version: u64,
 ) -> Response {
     let Upstream { status, content_type, complete, first, rest } = upstream;
     let is_sse = content_type.as_ref().is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    let url = replica.spec.url.clone();
+    let url = replica.url_header.clone();
     let mut finish = Finish { ticket, replica, status, trace, usage: UsageSniffer::default(), broken: false };
     let body = if complete && !is_sse {
         // The whole answer is here (a non-streaming completion, an error): send it sized, in one
@@ -531,10 +556,10 @@ fn relay(
     if is_sse {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     }
-    if let Ok(value) = HeaderValue::from_str(&url) {
+    if let Some(value) = url {
         headers.insert(REPLICA_HEADER, value);
     }
-    headers.insert(BRANCH_HEADER, HeaderValue::from_static(branch_label(decision.branch)));
+    headers.insert(BRANCH_HEADER, HeaderValue::from_static(branch_label(branch)));
     headers.insert(POLICY_VERSION_HEADER, HeaderValue::from(policy_version));
     response
 }

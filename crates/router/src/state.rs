@@ -24,6 +24,7 @@ use crate::health::HealthTracker;
 use crate::metrics::{Metrics, ReplicaGauges};
 use crate::recording::Recorder;
 use crate::routing_key::Tokenize;
+use crate::upstream::UpstreamClient;
 
 /// Versions kept for rollback.
 const POLICY_HISTORY: usize = 100;
@@ -64,16 +65,18 @@ pub struct Replica {
     /// Fires when the replica is removed (stops its KV subscriber).
     pub removed: CancellationToken,
     /// `/v1/chat/completions` and `/v1/completions` of the replica, parsed once: parsing a URL per
-    /// request is measurable on the hot path.
-    pub upstream: [reqwest::Url; 2],
+    /// request is measurable on the hot path, cloning a `Uri` is a reference count.
+    upstream: [axum::http::Uri; 2],
+    /// The URL as a response header value (`x-fleet-replica`), built once.
+    pub url_header: Option<axum::http::HeaderValue>,
 }
 
 impl Replica {
-    /// The replica's URL for a routed request.
-    pub fn upstream_url(&self, route: crate::routing_key::Route) -> &reqwest::Url {
+    /// The replica's URI for a routed request.
+    pub fn upstream_uri(&self, route: crate::routing_key::Route) -> axum::http::Uri {
         match route {
-            crate::routing_key::Route::Chat => &self.upstream[0],
-            crate::routing_key::Route::Completions => &self.upstream[1],
+            crate::routing_key::Route::Chat => self.upstream[0].clone(),
+            crate::routing_key::Route::Completions => self.upstream[1].clone(),
         }
     }
 
@@ -137,13 +140,14 @@ pub enum GroupError {
 impl FleetView {
     /// The group that serves `model`.
     pub fn group_for(&self, model: Option<&str>) -> Result<&Arc<Group>, GroupError> {
-        let known: Vec<String> = self.groups.keys().filter(|name| !name.is_empty()).cloned().collect();
+        // The hot path: the model's own group, or the only one. The model lists are built only for errors.
+        let served = || self.models();
         match model {
             Some(model) => self
                 .groups
                 .get(model)
                 .or_else(|| self.groups.get(""))
-                .ok_or_else(|| GroupError::UnknownModel { model: model.to_owned(), available: known }),
+                .ok_or_else(|| GroupError::UnknownModel { model: model.to_owned(), available: served() }),
             None => {
                 if self.groups.len() == 1 {
                     return self.groups.values().next().ok_or(GroupError::NoReplicas);
@@ -151,10 +155,11 @@ impl FleetView {
                 if self.groups.is_empty() {
                     return Err(GroupError::NoReplicas);
                 }
-                if known.len() == 1 {
-                    return self.groups.get(&known[0]).ok_or(GroupError::NoReplicas);
+                let mut named = self.groups.iter().filter(|(name, _)| !name.is_empty());
+                match (named.next(), named.next()) {
+                    (Some((_, group)), None) => Ok(group),
+                    _ => Err(GroupError::ModelRequired { available: served() }),
                 }
-                Err(GroupError::ModelRequired { available: known })
             }
         }
     }
@@ -257,7 +262,9 @@ pub struct RouterState {
     pub recorder: Recorder,
     decisions: Mutex<VecDeque<Arc<DecisionRecord>>>,
     heat: Mutex<HeatWindow>,
-    /// Client for replicas (requests, probes).
+    /// Client for proxied requests (the hot path).
+    pub upstream: UpstreamClient,
+    /// Client for probes and model lookups (off the hot path).
     pub client: reqwest::Client,
     /// Tokenizer for token-exact blocks.
     pub tokenizer: Option<Arc<dyn Tokenize>>,
@@ -275,9 +282,7 @@ impl RouterState {
             .connect_timeout(config.connect_timeout)
             .read_timeout(config.read_timeout)
             .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            // Replicas are reached directly: a desktop's HTTP(S)_PROXY must not capture the data
-            // plane, and the per-request proxy lookup costs measurable time on the hot path.
+            // Replicas are reached directly: a desktop's HTTP(S)_PROXY must not capture probes.
             .no_proxy()
             .build()?;
         let first = PolicyVersion::new(1, config.policy.clone(), None)?;
@@ -294,6 +299,7 @@ impl RouterState {
             recorder,
             decisions: Mutex::new(VecDeque::with_capacity(decisions_capacity.min(4096))),
             heat: Mutex::new(HeatWindow::default()),
+            upstream: UpstreamClient::new(config.connect_timeout, config.read_timeout),
             client,
             tokenizer,
             next_request: AtomicU64::new(1),
@@ -337,11 +343,12 @@ impl RouterState {
             return Err(AddReplicaError::Exists(spec.url));
         }
         let parse = |path: &str| {
-            reqwest::Url::parse(&format!("{}{path}", spec.url))
-                .map_err(|error| AddReplicaError::BadUrl(spec.url.clone(), error.to_string()))
+            crate::upstream::replica_uri(&spec.url, path)
+                .map_err(|reason| AddReplicaError::BadUrl(spec.url.clone(), reason))
         };
         let upstream = [parse("/v1/chat/completions")?, parse("/v1/completions")?];
         let id = admin.names.intern(&spec.url);
+        let url_header = axum::http::HeaderValue::from_str(&spec.url).ok();
         let replica = Arc::new(Replica {
             id,
             spec,
@@ -354,6 +361,7 @@ impl RouterState {
             kv_resyncs: AtomicU64::new(0),
             removed: self.shutdown.child_token(),
             upstream,
+            url_header,
         });
         let mut groups = current.groups.clone();
         // Publish the view first, then teach the engine: a pick never names a replica the view lacks.

@@ -204,3 +204,72 @@ async fn a_replica_dying_mid_stream_ends_the_stream_with_an_error_event() -> Res
     assert!(metrics.contains("fleet_router_stream_errors_total 1"), "{metrics}");
     Ok(())
 }
+
+/// A fake replica that goes silent: `/v1/completions` never answers, `/v1/chat/completions` sends one
+/// SSE event and then nothing (a fake because fleet-sim's faults delay answers but never hang forever).
+async fn silent_replica(stop: &CancellationToken) -> Result<String> {
+    let listener = loopback_listener().await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let first = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n";
+    let app = Router::new()
+        .route("/v1/completions", post(std::future::pending::<StatusCode>))
+        .route(
+            "/v1/chat/completions",
+            post(move || async move {
+                let events = futures_util::stream::once(async move { Ok::<_, std::io::Error>(first) })
+                    .chain(futures_util::stream::pending());
+                ([("content-type", "text/event-stream")], axum::body::Body::from_stream(events))
+            }),
+        )
+        .route("/health", get(|| async { StatusCode::OK }));
+    let stop = stop.clone();
+    tokio::spawn(
+        async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await },
+    );
+    Ok(url)
+}
+
+#[tokio::test]
+async fn a_replica_silent_for_the_read_timeout_is_given_up_never_waited_on_forever() -> Result<()> {
+    let stop = CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    let silent = silent_replica(&stop).await?;
+    let router = router(RouterConfig {
+        replicas: vec![format!("{silent},model=m")],
+        read_timeout: Duration::from_millis(300),
+        max_attempts: 1,
+        ..RouterConfig::default()
+    })
+    .await?;
+    let http = client();
+    let deadline = Duration::from_secs(10);
+
+    // Silent before its answer: the client gets a 502 that names the timeout.
+    let response = tokio::time::timeout(
+        deadline,
+        http.post(format!("{}/v1/completions", router.url))
+            .json(&json!({"model": "m", "prompt": "x"}))
+            .send(),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("the router waited on a silent replica"))??;
+    assert_eq!(response.status(), 502);
+    let body: Value = response.json().await?;
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no answer for 300 ms"), "{body}");
+
+    // Silent mid-stream: the stream ends with the router's error event.
+    let mut request = chat("sys", "q", 50, true);
+    request["model"] = json!("m");
+    let response = http.post(format!("{}/v1/chat/completions", router.url)).json(&request).send().await?;
+    assert_eq!(response.status(), 200);
+    let text = tokio::time::timeout(deadline, response.text())
+        .await
+        .map_err(|_| anyhow::anyhow!("the stream hung on a silent replica"))??;
+    let events = sse_data(&text);
+    assert_eq!(events.len(), 2, "{text}");
+    let last: Value = serde_json::from_str(&events[1])?;
+    assert_eq!(last["error"]["type"], "upstream_error", "{text}");
+    assert!(last["error"]["message"].as_str().unwrap_or_default().contains("no answer for 300 ms"), "{text}");
+    Ok(())
+}

@@ -99,6 +99,9 @@ async fn bad_requests_are_explained_and_bodies_are_limited() -> Result<()> {
     let huge = chat(&"x".repeat(10_000), "hi", 1, false);
     let response = http.post(format!("{}/v1/chat/completions", router.url)).json(&huge).send().await?;
     assert_eq!(response.status(), 413);
+    let body: Value = response.json().await?;
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("4096 bytes") && message.contains("--max-body-bytes"), "{body}");
     // A replica's own 4xx is passed through untouched, not retried.
     let response = http
         .post(format!("{}/v1/completions", router.url))
