@@ -29,9 +29,10 @@ const BUILD_PACKAGES: &[&str] = &[
 ];
 
 /// Extra Debian packages for the test suite: a virtual display, WebKit's and Chromium's
-/// WebDriver servers, and the browser itself.
+/// WebDriver servers, the browser itself, Prometheus, and openssl + curl (a certificate and a
+/// real TLS client for the router's HTTPS test).
 const TEST_PACKAGES: &[&str] =
-    &["xvfb", "xauth", "webkit2gtk-driver", "chromium", "chromium-driver", "prometheus"];
+    &["xvfb", "xauth", "webkit2gtk-driver", "chromium", "chromium-driver", "prometheus", "openssl", "curl"];
 
 /// The tauri-driver release known to work with tauri 2 here.
 const TAURI_DRIVER_VERSION: &str = "2.1.0";
@@ -286,5 +287,17 @@ fn test() -> Result<()> {
     let bin_dir = bin_dir.to_string_lossy().into_owned();
     timed("tests", || {
         run(cargo(), &["test", "--workspace", "--no-fail-fast"], &[("FLEETDECK_BIN_DIR", &bin_dir)])
+    })?;
+    // The router's optional features (HTTPS, tokenizer.json), linted and tested end to end; the
+    // workspace run above builds it without them.
+    let features = ["-p", "fleet-router", "--features", "tls,tokenizer"];
+    timed("router features", || {
+        run(
+            cargo(),
+            &[&["clippy", "--all-targets"][..], &features, &["--", "-D", "warnings"]].concat(),
+            &[],
+        )?;
+        let filter = ["--test", "router", "--", "features::"];
+        run(cargo(), &[&["test"][..], &features, &filter].concat(), &[("FLEETDECK_BIN_DIR", &bin_dir)])
     })
 }

@@ -6,6 +6,8 @@ mod support;
 
 #[path = "router/admin.rs"]
 mod admin;
+#[path = "router/features.rs"]
+mod features;
 #[path = "router/kv_events.rs"]
 mod kv_events;
 #[path = "router/load.rs"]
