@@ -3,15 +3,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use axum::Router;
-use axum::http::StatusCode;
-use axum::routing::{get, post};
 use fleet_router::RouterConfig;
 use fleet_sim::ModelConfig;
-use fleet_test_support::{eventually, loopback_listener, spawn_sim};
+use fleet_test_support::endpoints::{failing_replica, silent_replica};
+use fleet_test_support::{eventually, spawn_sim};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use crate::support::{SimProcess, TOKEN, chat, client, router, sse_data};
 
@@ -82,32 +79,12 @@ async fn a_killed_replica_leaves_rotation_within_two_seconds_and_returns_after_r
     Ok(())
 }
 
-/// A fake replica that fails every generation with 500 before its first byte but passes health checks
-/// (a fake because the failure must be certain on every request; fleet-sim's error_rate fault does the same).
-async fn failing_replica(stop: &CancellationToken) -> Result<String> {
-    let listener = loopback_listener().await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let app = Router::new()
-        .route("/v1/completions", post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "engine crashed") }))
-        .route(
-            "/v1/chat/completions",
-            post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "engine crashed") }),
-        )
-        .route("/health", get(|| async { StatusCode::OK }));
-    let stop = stop.clone();
-    tokio::spawn(
-        async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await },
-    );
-    Ok(url)
-}
-
 #[tokio::test]
 async fn connect_failures_and_5xx_before_the_first_byte_are_retried_elsewhere() -> Result<()> {
-    let stop = CancellationToken::new();
-    let _guard = stop.clone().drop_guard();
     let sim = spawn_sim(1, ModelConfig::default()).await?;
     let dead = fleet_test_support::endpoints::unreachable_url().await?;
-    let failing = failing_replica(&stop).await?;
+    let failing_endpoint = failing_replica().await?;
+    let failing = failing_endpoint.url();
     let model = fleet_sim::DEFAULT_MODEL;
     let router = router(RouterConfig {
         replicas: vec![
@@ -205,35 +182,10 @@ async fn a_replica_dying_mid_stream_ends_the_stream_with_an_error_event() -> Res
     Ok(())
 }
 
-/// A fake replica that goes silent: `/v1/completions` never answers, `/v1/chat/completions` sends one
-/// SSE event and then nothing (a fake because fleet-sim's faults delay answers but never hang forever).
-async fn silent_replica(stop: &CancellationToken) -> Result<String> {
-    let listener = loopback_listener().await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let first = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n";
-    let app = Router::new()
-        .route("/v1/completions", post(std::future::pending::<StatusCode>))
-        .route(
-            "/v1/chat/completions",
-            post(move || async move {
-                let events = futures_util::stream::once(async move { Ok::<_, std::io::Error>(first) })
-                    .chain(futures_util::stream::pending());
-                ([("content-type", "text/event-stream")], axum::body::Body::from_stream(events))
-            }),
-        )
-        .route("/health", get(|| async { StatusCode::OK }));
-    let stop = stop.clone();
-    tokio::spawn(
-        async move { axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await },
-    );
-    Ok(url)
-}
-
 #[tokio::test]
 async fn a_replica_silent_for_the_read_timeout_is_given_up_never_waited_on_forever() -> Result<()> {
-    let stop = CancellationToken::new();
-    let _guard = stop.clone().drop_guard();
-    let silent = silent_replica(&stop).await?;
+    let silent_endpoint = silent_replica().await?;
+    let silent = silent_endpoint.url();
     let router = router(RouterConfig {
         replicas: vec![format!("{silent},model=m")],
         read_timeout: Duration::from_millis(300),
