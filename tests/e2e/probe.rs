@@ -1,5 +1,5 @@
-//! `fleetdeck probe`: the real binary against an emulated replica, a garbage endpoint and an
-//! address where nothing listens.
+//! `fleetdeck probe`: the real binary against an emulated replica, the same metrics over HTTPS, a
+//! garbage endpoint and an address where nothing listens.
 
 use std::process::Output;
 use std::time::Duration;
@@ -63,6 +63,35 @@ async fn probe_prints_the_engine_and_signals_of_a_replica_as_json() -> Result<()
     assert!(output.status.success());
     let table = String::from_utf8_lossy(&output.stdout);
     assert!(table.contains("engine     vllm"), "{table}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn probe_reads_https_endpoints_it_trusts_and_names_a_certificate_it_does_not() -> Result<()> {
+    // A replica's real exposition, served over HTTPS by `openssl s_server` with a self-signed certificate.
+    let sim = spawn_sim(1, ModelConfig::default()).await?;
+    let metrics = reqwest::get(format!("{}/metrics", sim.urls()[0])).await?.text().await?;
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("metrics"), metrics)?;
+    let (cert, key) = fleet_test_support::tls::self_signed_certificate(dir.path()).await?;
+    let server = fleet_test_support::tls::https_file_server(dir.path(), &cert, &key).await?;
+
+    // Trusted through SSL_CERT_FILE (as an operator would add a private CA): the engine is detected.
+    let mut command = tokio::process::Command::new(bin_path("fleetdeck")?);
+    command.args(["probe", &server.url, "--interval", "0.2", "--json"]).env("SSL_CERT_FILE", &cert);
+    let output = tokio::time::timeout(Duration::from_secs(30), command.kill_on_drop(true).output())
+        .await
+        .context("fleetdeck probe did not finish within 30 s")??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "probe over HTTPS failed: {stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).context("probe --json printed no JSON")?;
+    assert_eq!(report["engine"], "vllm", "{report}");
+
+    // Not trusted: a clear failure that says it is the certificate.
+    let output = probe(&[&server.url, "--interval", "0.1"]).await?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "an untrusted certificate must fail");
+    assert!(stderr.contains("certificate of") && stderr.contains("SSL_CERT_FILE"), "{stderr}");
     Ok(())
 }
 

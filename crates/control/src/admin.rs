@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
-pub(crate) use fleet_telemetry::error_chain;
+pub(crate) use fleet_telemetry::{connect_detail, error_chain};
 
 /// Why a router's answer body could not be read.
 #[derive(Debug)]
@@ -309,7 +309,7 @@ impl AdminClient {
         let work = async {
             let response =
                 self.http.get(format!("{}{path}", self.url)).bearer_auth(token).send().await.map_err(
-                    |e| AdminError::Unreachable { url: self.url.clone(), detail: error_chain(&e) },
+                    |e| AdminError::Unreachable { url: self.url.clone(), detail: connect_detail(&e) },
                 )?;
             let status = response.status().as_u16();
             let body = read_limited(response, limit).await.map_err(|error| match error {

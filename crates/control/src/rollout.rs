@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{AdminClient, BodyError, error_chain, read_limited};
+use crate::admin::{AdminClient, BodyError, connect_detail, read_limited};
 use crate::fleet::{Control, unix_ms_now};
 
 /// Deadline of one policy call (connect, headers and body).
@@ -79,7 +79,7 @@ async fn exchange(
         if let Some(body) = body {
             request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
         }
-        let response = request.send().await.map_err(|e| error_chain(&e))?;
+        let response = request.send().await.map_err(|e| connect_detail(&e))?;
         let status = response.status().as_u16();
         let bytes = read_limited(response, MAX_POLICY_BODY).await.map_err(|error| match error {
             BodyError::TooLarge => format!("the answer is larger than {MAX_POLICY_BODY} bytes"),

@@ -19,5 +19,5 @@ pub mod signals;
 
 pub use engines::{Engine, UnsupportedEngine, read};
 pub use scheduler::{Scheduler, SchedulerConfig, TargetSpec, TargetStatus};
-pub use scrape::{ScrapeError, ScrapeLimits, error_chain, scrape};
+pub use scrape::{ScrapeError, ScrapeLimits, connect_detail, error_chain, scrape};
 pub use signals::{EngineSignals, Reading, ReplicaSignals, Window};

@@ -28,6 +28,8 @@ impl Default for ScrapeLimits {
 pub enum ScrapeError {
     #[error("cannot connect to {url}: is the replica running? ({detail})")]
     Unreachable { url: String, detail: String },
+    #[error("the TLS certificate of {url} is not trusted ({detail}); {TRUST_HINT}")]
+    UntrustedCertificate { url: String, detail: String },
     #[error("no answer from {url} within {timeout:?}")]
     Timeout { url: String, timeout: Duration },
     #[error("{url} answered HTTP {status}")]
@@ -42,6 +44,30 @@ pub enum ScrapeError {
     Parse { url: String, source: ParseError },
     #[error("{url}: {source}")]
     Unsupported { url: String, source: UnsupportedEngine },
+}
+
+/// What to do about a certificate the machine does not trust.
+pub const TRUST_HINT: &str =
+    "add its CA to the system's trust store, or point SSL_CERT_FILE at a PEM file that holds it";
+
+/// Whether a connection failed on the peer's TLS certificate (OpenSSL's words for it).
+pub fn untrusted_certificate(detail: &str) -> bool {
+    detail.contains("certificate verify failed")
+}
+
+/// A failed connection's cause chain, with [`TRUST_HINT`] when the certificate was not trusted.
+pub fn connect_detail(error: &dyn std::error::Error) -> String {
+    let detail = error_chain(error);
+    if untrusted_certificate(&detail) { format!("{detail}; {TRUST_HINT}") } else { detail }
+}
+
+fn connect_error(url: &str, error: &reqwest::Error) -> ScrapeError {
+    let detail = error_chain(error);
+    if untrusted_certificate(&detail) {
+        ScrapeError::UntrustedCertificate { url: url.to_owned(), detail }
+    } else {
+        ScrapeError::Unreachable { url: url.to_owned(), detail }
+    }
 }
 
 /// An HTTP client fit for scraping: connect deadline, kept-alive connections.
@@ -83,7 +109,7 @@ pub(crate) async fn fetch_any(
             .header(reqwest::header::ACCEPT, accept)
             .send()
             .await
-            .map_err(|e| ScrapeError::Unreachable { url: url.to_string(), detail: error_chain(&e) })?;
+            .map_err(|e| connect_error(url, &e))?;
         let status = response.status().as_u16();
         if response.content_length().is_some_and(|n| n as usize > limits.max_bytes) {
             return Err(ScrapeError::TooLarge { url: url.to_string(), max: limits.max_bytes });
@@ -134,6 +160,16 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_untrusted_certificate_says_what_to_do() {
+        let tls = std::io::Error::other(
+            "error:0A000086:SSL routines:tls_post_process_server_certificate:certificate verify failed",
+        );
+        assert!(connect_detail(&tls).ends_with(TRUST_HINT));
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        assert_eq!(connect_detail(&refused), "connection refused");
+    }
 
     #[test]
     fn metrics_url_appends_the_default_path_only_to_bare_urls() {

@@ -7,6 +7,7 @@ pub mod admin_router;
 pub mod endpoints;
 pub mod process;
 pub mod sim;
+pub mod tls;
 pub mod wait;
 pub mod webdriver;
 

@@ -75,15 +75,21 @@ pub async fn spawn_and_await_line(
     marker: &str,
     deadline: Duration,
 ) -> Result<(ChildProcess, String)> {
-    let mut process = ChildProcess::spawn(
-        Command::new(program)
-            .args(args)
-            .envs(envs.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit()),
-    )
-    .with_context(|| format!("cannot start {}", program.display()))?;
+    let mut command = Command::new(program);
+    command.args(args).envs(envs.iter().copied());
+    spawn_command_and_await_line(&mut command, marker, deadline).await
+}
+
+/// [`spawn_and_await_line`] for a command set up by the caller (working directory and all).
+pub async fn spawn_command_and_await_line(
+    command: &mut Command,
+    marker: &str,
+    deadline: Duration,
+) -> Result<(ChildProcess, String)> {
+    let program = PathBuf::from(command.as_std().get_program());
+    let mut process =
+        ChildProcess::spawn(command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()))
+            .with_context(|| format!("cannot start {}", program.display()))?;
     let stdout = process.child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let found = tokio::time::timeout(deadline, async {

@@ -14,22 +14,8 @@ mod tls {
     use tokio::process::Command;
     use tokio_util::sync::CancellationToken;
 
-    /// A self-signed P-256 certificate for 127.0.0.1, made by the openssl command-line tool.
     async fn self_signed(dir: &Path) -> Result<TlsConfig> {
-        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-        let status = Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
-            .args(["-days", "1", "-subj", "/CN=fleet-router test"])
-            .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-            .arg("-keyout")
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .await
-            .context("cannot run openssl (Debian: apt-get install openssl)")?;
-        anyhow::ensure!(status.success(), "openssl could not make a certificate");
+        let (cert, key) = fleet_test_support::tls::self_signed_certificate(dir).await?;
         Ok(TlsConfig { cert, key })
     }
 
