@@ -155,18 +155,23 @@ impl Metrics {
         let sum = self.pick_sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         let _ = writeln!(out, "fleet_router_pick_duration_seconds_sum {sum}");
         let _ = writeln!(out, "fleet_router_pick_duration_seconds_count {count}");
-        family(&mut out, "fleet_router_policy_version", "gauge", "Version of the policy in force.");
-        let _ = writeln!(out, "fleet_router_policy_version {policy_version}");
+        scalar(
+            &mut out,
+            "fleet_router_policy_version",
+            "gauge",
+            "Version of the policy in force.",
+            policy_version,
+        );
         family(&mut out, "fleet_router_policy_info", "gauge", "The policy in force (always 1).");
         let _ = writeln!(out, "fleet_router_policy_info{{policy=\"{}\"}} 1", escape(policy));
-        family(
+        let swaps = self.policy_swaps.load(Ordering::Relaxed);
+        scalar(
             &mut out,
             "fleet_router_policy_swaps_total",
             "counter",
             "Policy versions applied since start.",
+            swaps,
         );
-        let _ =
-            writeln!(out, "fleet_router_policy_swaps_total {}", self.policy_swaps.load(Ordering::Relaxed));
         family(
             &mut out,
             "fleet_router_decisions_total",
@@ -182,100 +187,71 @@ impl Metrics {
         }
         let prompt = self.prompt_blocks.load(Ordering::Relaxed);
         let matched = self.matched_blocks.load(Ordering::Relaxed);
-        family(&mut out, "fleet_router_prompt_blocks_total", "counter", "Prompt blocks of routed requests.");
-        let _ = writeln!(out, "fleet_router_prompt_blocks_total {prompt}");
-        family(
-            &mut out,
-            "fleet_router_matched_blocks_total",
-            "counter",
-            "Prompt blocks the chosen replica was estimated to hold.",
-        );
-        let _ = writeln!(out, "fleet_router_matched_blocks_total {matched}");
-        family(
-            &mut out,
-            "fleet_router_estimated_hit_rate",
-            "gauge",
-            "Matched over prompt blocks since start (0 to 1).",
-        );
         let rate = if prompt == 0 { 0.0 } else { matched as f64 / prompt as f64 };
-        let _ = writeln!(out, "fleet_router_estimated_hit_rate {rate}");
-        family(
-            &mut out,
-            "fleet_router_retries_total",
-            "counter",
-            "Attempts on another replica after a failure before the first byte.",
-        );
-        let _ = writeln!(out, "fleet_router_retries_total {}", self.retries.load(Ordering::Relaxed));
-        family(
-            &mut out,
-            "fleet_router_stream_errors_total",
-            "counter",
-            "Streams ended with an error event after they started.",
-        );
-        let _ =
-            writeln!(out, "fleet_router_stream_errors_total {}", self.stream_errors.load(Ordering::Relaxed));
-        family(
-            &mut out,
-            "fleet_router_recorded_requests_total",
-            "counter",
-            "Requests recorded to the trace ring.",
-        );
-        let _ = writeln!(out, "fleet_router_recorded_requests_total {recorded}");
-        family(
-            &mut out,
-            "fleet_router_replica_healthy",
-            "gauge",
-            "Whether a replica is in rotation (1) or not (0).",
-        );
-        for replica in replicas {
-            let _ = writeln!(
-                out,
-                "fleet_router_replica_healthy{{replica=\"{}\"}} {}",
-                escape(&replica.url),
-                u8::from(replica.healthy)
-            );
+        let retries = self.retries.load(Ordering::Relaxed);
+        let stream_errors = self.stream_errors.load(Ordering::Relaxed);
+        for (name, kind, help, value) in [
+            ("fleet_router_prompt_blocks_total", "counter", "Prompt blocks of routed requests.", prompt),
+            (
+                "fleet_router_matched_blocks_total",
+                "counter",
+                "Prompt blocks the chosen replica was estimated to hold.",
+                matched,
+            ),
+            (
+                "fleet_router_retries_total",
+                "counter",
+                "Attempts on another replica after a failure before the first byte.",
+                retries,
+            ),
+            (
+                "fleet_router_stream_errors_total",
+                "counter",
+                "Streams ended with an error event after they started.",
+                stream_errors,
+            ),
+            (
+                "fleet_router_recorded_requests_total",
+                "counter",
+                "Requests recorded to the trace ring.",
+                recorded,
+            ),
+        ] {
+            scalar(&mut out, name, kind, help, value);
         }
-        family(
-            &mut out,
-            "fleet_router_replica_outstanding",
-            "gauge",
-            "Requests routed to a replica and not completed.",
-        );
-        for replica in replicas {
-            let _ = writeln!(
-                out,
-                "fleet_router_replica_outstanding{{replica=\"{}\"}} {}",
-                escape(&replica.url),
-                replica.outstanding
-            );
-        }
-        family(
-            &mut out,
-            "fleet_router_kv_events_total",
-            "counter",
-            "KV-cache events applied to the index, by replica.",
-        );
-        for replica in replicas {
-            let _ = writeln!(
-                out,
-                "fleet_router_kv_events_total{{replica=\"{}\"}} {}",
-                escape(&replica.url),
-                replica.kv_events
-            );
-        }
-        family(
-            &mut out,
-            "fleet_router_kv_resyncs_total",
-            "counter",
-            "Index resyncs after lost KV events, by replica.",
-        );
-        for replica in replicas {
-            let _ = writeln!(
-                out,
-                "fleet_router_kv_resyncs_total{{replica=\"{}\"}} {}",
-                escape(&replica.url),
-                replica.kv_resyncs
-            );
+        let rate_help = "Matched over prompt blocks since start (0 to 1).";
+        scalar(&mut out, "fleet_router_estimated_hit_rate", "gauge", rate_help, rate);
+        let per_replica: [PerReplicaFamily; 4] = [
+            (
+                "fleet_router_replica_healthy",
+                "gauge",
+                "Whether a replica is in rotation (1) or not (0).",
+                |r| u64::from(r.healthy),
+            ),
+            (
+                "fleet_router_replica_outstanding",
+                "gauge",
+                "Requests routed to a replica and not completed.",
+                |r| r.outstanding,
+            ),
+            (
+                "fleet_router_kv_events_total",
+                "counter",
+                "KV-cache events applied to the index, by replica.",
+                |r| r.kv_events,
+            ),
+            (
+                "fleet_router_kv_resyncs_total",
+                "counter",
+                "Index resyncs after lost KV events, by replica.",
+                |r| r.kv_resyncs,
+            ),
+        ];
+        for (name, kind, help, value) in per_replica {
+            family(&mut out, name, kind, help);
+            for replica in replicas {
+                let _ = writeln!(out, "{name}{{replica=\"{}\"}} {}", escape(&replica.url), value(replica));
+            }
         }
         out
     }
@@ -284,6 +260,15 @@ impl Metrics {
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// A per-replica family: name, type, help and how to read its value.
+type PerReplicaFamily = (&'static str, &'static str, &'static str, fn(&ReplicaGauges) -> u64);
+
+/// A family with one unlabelled sample.
+fn scalar(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    family(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
 }
 
 fn escape(value: &str) -> String {
