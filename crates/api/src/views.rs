@@ -98,7 +98,7 @@ pub struct Hotspot {
 pub struct ReplicaHistoryArgs {
     /// The replica's [`crate::ReplicaRow::id`].
     pub id: u32,
-    /// How far back, seconds (60 s .. 90 days); longer windows read the 10 s or 1 min tiers.
+    /// How far back, seconds (60 s .. 90 days); windows past raw retention (24 h) read the 1 min tier.
     pub window_s: u32,
 }
 
@@ -111,7 +111,7 @@ pub struct ReplicaHistory {
     pub model: Option<String>,
     pub now_ms: i64,
     pub window_s: u32,
-    /// Which history tier the points come from: `raw`, `10s` or `1m`.
+    /// Which history tier the points come from: `raw`, or `1m` past raw retention.
     pub tier: String,
     pub ttft_p50_s: Vec<(i64, f64)>,
     pub ttft_p95_s: Vec<(i64, f64)>,

@@ -503,17 +503,14 @@ impl Control {
         let mut slot = lock(&self.rollout().canary);
         let Some(run) = slot.as_mut() else { return };
         let status = &mut run.status;
-        let (phase, reason) = match canary.phase() {
+        let phase = canary.phase();
+        status.phase = phase.name().to_owned();
+        status.reason = match phase {
             Phase::RollingBack { reason } | Phase::RolledBack { reason } | Phase::Failed { reason } => {
-                (canary.phase(), Some(reason.clone()))
+                Some(reason.clone())
             }
-            other => (other, None),
+            _ => None,
         };
-        status.phase = serde_json::to_value(phase)
-            .ok()
-            .and_then(|v| v["phase"].as_str().map(str::to_owned))
-            .unwrap_or_default();
-        status.reason = reason;
         status.finished = phase.is_terminal();
         if let Some((c, b)) = sides {
             status.canary_side = figures(&c);

@@ -157,7 +157,8 @@ impl Phase {
         matches!(self, Phase::Promoted | Phase::RolledBack { .. } | Phase::Failed { .. })
     }
 
-    fn name(&self) -> &'static str {
+    /// The phase's tag, as its JSON form names it (`"observing"`, `"rolled_back"`, ...).
+    pub fn name(&self) -> &'static str {
         match self {
             Phase::CanaryPushing => "canary_pushing",
             Phase::Observing { .. } => "observing",
@@ -443,6 +444,23 @@ fn describe(outcome: &PushOutcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_phase_name_is_its_json_tag() {
+        let reason = || "r".to_owned();
+        for phase in [
+            Phase::CanaryPushing,
+            Phase::Observing { since_ms: 1 },
+            Phase::Promoting,
+            Phase::RollingBack { reason: reason() },
+            Phase::Promoted,
+            Phase::RolledBack { reason: reason() },
+            Phase::Failed { reason: reason() },
+        ] {
+            let json = serde_json::to_value(&phase).unwrap();
+            assert_eq!(json["phase"], phase.name(), "{json}");
+        }
+    }
 
     fn plan() -> CanaryPlan {
         CanaryPlan {

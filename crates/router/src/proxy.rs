@@ -82,9 +82,6 @@ struct Committed {
     rest: TimedBody,
 }
 
-/// The committed replica's answer, as [`relay`] passes it on.
-type Upstream = Committed;
-
 /// Proxies one OpenAI request: reads its body (up to the configured limit), then [`forward`]s it.
 ///
 /// The request is taken whole rather than through axum's `HeaderMap` and `Bytes` extractors: those
@@ -185,8 +182,8 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
         ticket.replica = Some(replica.clone());
         replica.routed_total.fetch_add(1, Ordering::Relaxed);
         match attempt_once(&state, &replica, replica.upstream_uri(route), &headers, body.clone()).await {
-            Ok(Committed { status, content_type, complete, first, rest }) => {
-                if status.is_success() {
+            Ok(upstream) => {
+                if upstream.status.is_success() {
                     state.observe_health(&replica, true);
                 }
                 ticket.first_token();
@@ -213,7 +210,6 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
                     first_block,
                     replica.id,
                 );
-                let upstream = Upstream { status, content_type, complete, first, rest };
                 return relay(ticket, replica, upstream, trace, branch, policy_version);
             }
             Err(error) => {
@@ -286,13 +282,14 @@ fn panic_route(
 }
 
 /// The next replica to try: healthy, not tried yet, least outstanding first (engine order breaks ties).
+/// When the pick saw no healthy candidate (panic routing), any untried replica will do.
 fn next_replica(fleet: &FleetView, decision: &Decision, tried: &[ReplicaId]) -> Option<ReplicaId> {
+    let panic = decision.candidates.iter().all(|candidate| !candidate.healthy);
     decision
         .candidates
         .iter()
         .filter(|candidate| !tried.contains(&candidate.replica))
         .filter(|candidate| {
-            let panic = candidate.note.as_deref().is_some_and(|note| note.starts_with("panic routing"));
             fleet.replica(candidate.replica).is_some_and(|replica| panic || replica.healthy())
         })
         .min_by_key(|candidate| candidate.outstanding)
@@ -524,16 +521,15 @@ impl Stream for RelayBody {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn relay(
     ticket: Ticket,
     replica: Arc<Replica>,
-    upstream: Upstream,
+    upstream: Committed,
     trace: TraceRecord,
     branch: Branch,
     policy_version: u64,
 ) -> Response {
-    let Upstream { status, content_type, complete, first, rest } = upstream;
+    let Committed { status, content_type, complete, first, rest } = upstream;
     let is_sse = content_type.as_ref().is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let url = replica.url_header.clone();
     let mut finish = Finish { ticket, replica, status, trace, usage: UsageSniffer::default(), broken: false };

@@ -65,10 +65,6 @@ impl Faults {
         }
         Ok(())
     }
-
-    pub fn is_healthy(&self) -> bool {
-        *self == Faults::default()
-    }
 }
 
 /// One replica's current faults and the RNG its random faults draw from.

@@ -183,9 +183,7 @@ impl Publisher {
         let seq = self.next_seq;
         self.next_seq += 1;
         let payload = Bytes::from(wire::encode_batch(batch, self.encoding));
-        let mut message = ZmqMessage::from(self.topic.clone());
-        message.push_back(Bytes::copy_from_slice(&wire::encode_seq(seq)));
-        message.push_back(payload.clone());
+        let message = zmq_message(wire::publish_frames(&self.topic, seq, &payload));
         if let Err(error) = self.publisher.send(message).await {
             tracing::warn!(%error, seq, "KV event publish failed; the batch stays available for replay");
         }
@@ -205,25 +203,27 @@ impl Publisher {
                 return;
             }
         };
-        let identity = Bytes::from(request.identity);
         let replies = self
             .buffer
             .iter()
             .filter(|(seq, _)| *seq >= request.start_seq)
-            .map(|(seq, payload)| (Bytes::copy_from_slice(&wire::encode_seq(*seq)), payload.clone()))
-            .chain(std::iter::once((Bytes::from_static(&wire::replay::END_SEQ), Bytes::new())))
+            .map(|(seq, payload)| wire::replay::batch_frames(&request.identity, *seq, payload))
+            .chain(std::iter::once(wire::replay::end_frames(&request.identity)))
+            .map(zmq_message)
             .collect::<Vec<_>>();
-        for (seq, payload) in replies {
-            let mut message = ZmqMessage::from(identity.clone());
-            message.push_back(Bytes::new());
-            message.push_back(seq);
-            message.push_back(payload);
+        for message in replies {
             if let Err(error) = self.replay.send(message).await {
                 tracing::debug!(%error, "replay client went away");
                 return;
             }
         }
     }
+}
+
+/// A multipart ZMQ message from frames laid out by fleet-kv-events (the wire layout lives there).
+fn zmq_message(frames: impl IntoIterator<Item = Vec<u8>>) -> ZmqMessage {
+    let frames: std::collections::VecDeque<Bytes> = frames.into_iter().map(Bytes::from).collect();
+    ZmqMessage::try_from(frames).unwrap_or_else(|_| ZmqMessage::from(Bytes::new()))
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@
 pub mod admin_router;
 pub mod endpoints;
 pub mod process;
-pub mod sim;
 pub mod tls;
 pub mod wait;
 pub mod webdriver;
@@ -62,13 +61,9 @@ impl RouterHandle {
 
 /// Starts a router over `replicas` on a free port.
 pub async fn spawn_router(replicas: &[String]) -> Result<RouterHandle> {
-    let listener = loopback_listener().await?;
-    let addr = listener.local_addr()?;
-    let stop = CancellationToken::new();
-    let config = fleet_router::RouterConfig { replicas: replicas.to_vec(), ..Default::default() };
-    let token = stop.clone();
-    tokio::spawn(async move {
-        fleet_router::serve(listener, config, async move { token.cancelled().await }).await
-    });
-    Ok(RouterHandle { addr, _stop: stop.drop_guard() })
+    admin_router::spawn_router_with(fleet_router::RouterConfig {
+        replicas: replicas.to_vec(),
+        ..Default::default()
+    })
+    .await
 }

@@ -153,11 +153,6 @@ impl KvCache {
         true
     }
 
-    /// The block currently caching `hash`.
-    pub fn block_of(&self, hash: u64) -> Option<BlockId> {
-        self.cached.get(&hash).copied()
-    }
-
     /// Free cached hashes from least to most recently used (the eviction order), for tests and display.
     pub fn eviction_order(&self) -> Vec<u64> {
         let mut order = Vec::new();
