@@ -1,4 +1,5 @@
-//! The router's Prometheus metrics: lock-free counters on the hot path, rendered as text on scrape.
+//! The router's Prometheus metrics: atomic counters on the hot path (requests by replica and status
+//! take one short lock: the status codes are open-ended), rendered as text on scrape.
 //!
 //! Families (all prefixed `fleet_router_`): `requests_total{replica,status}`, `pick_duration_seconds`
 //! (histogram), `policy_version`, `policy_info{policy}`, `decisions_total{branch}`, `prompt_blocks_total`,
@@ -44,6 +45,7 @@ pub struct Metrics {
     /// Replica URL -> status -> count. Nested so that counting looks the URL up by `&str`: the hot
     /// path allocates only the first time a replica answers.
     requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
+    /// Picks per latency bucket, not cumulative (a pick adds to one bucket; `render` sums them).
     pick_buckets: [AtomicU64; PICK_BUCKETS.len()],
     pick_count: AtomicU64,
     pick_sum_nanos: AtomicU64,
@@ -89,10 +91,9 @@ impl Metrics {
     /// Counts one pick: its latency, branch and estimated hit.
     pub fn count_pick(&self, latency: Duration, branch: Branch, prompt_blocks: u32, matched_blocks: u32) {
         let seconds = latency.as_secs_f64();
-        for (bound, bucket) in PICK_BUCKETS.iter().zip(&self.pick_buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
+        // Past the last bound a pick lands only in +Inf, which is the count.
+        if let Some(bucket) = PICK_BUCKETS.iter().position(|bound| seconds <= *bound) {
+            self.pick_buckets[bucket].fetch_add(1, Ordering::Relaxed);
         }
         self.pick_count.fetch_add(1, Ordering::Relaxed);
         self.pick_sum_nanos
@@ -143,12 +144,10 @@ impl Metrics {
             "histogram",
             "Time the policy took to pick a replica.",
         );
+        let mut cumulative = 0;
         for (bound, bucket) in PICK_BUCKETS.iter().zip(&self.pick_buckets) {
-            let _ = writeln!(
-                out,
-                "fleet_router_pick_duration_seconds_bucket{{le=\"{bound}\"}} {}",
-                bucket.load(Ordering::Relaxed)
-            );
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(out, "fleet_router_pick_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}");
         }
         let count = self.pick_count.load(Ordering::Relaxed);
         let _ = writeln!(out, "fleet_router_pick_duration_seconds_bucket{{le=\"+Inf\"}} {count}");
@@ -299,6 +298,8 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("fleet_router_pick_duration_seconds_bucket{le=\"0.000005\"} 1"), "{text}");
+        assert!(text.contains("fleet_router_pick_duration_seconds_bucket{le=\"0.00005\"} 2"), "{text}");
+        assert!(text.contains("fleet_router_pick_duration_seconds_bucket{le=\"0.000001\"} 0"), "{text}");
         assert!(text.contains("fleet_router_pick_duration_seconds_bucket{le=\"+Inf\"} 2"), "{text}");
         assert!(text.contains("fleet_router_decisions_total{branch=\"cache\"} 1"));
         assert!(text.contains("fleet_router_estimated_hit_rate 0.2"));
