@@ -12,6 +12,10 @@
 //! rounds whose median is reported: on a small VM single runs move by tens of microseconds with the host's
 //! scheduling. Throughput runs use 64 connections. The proxies' CPU time per request (from /proc) is
 //! printed beside, a figure the scheduling noise hardly moves.
+//!
+//! Last, each proxy runs once more under valgrind's callgrind for the `fast` workload: user-space
+//! instructions per request, a count the host cannot move at all (this VM has no hardware counters
+//! for `perf stat`). It is the figure to compare two versions of the router by.
 //! Targets: added p50 <= 50 us, added p99 <= 500 us, req/s >= 0.8 x nginx. Not part of CI.
 
 use std::fs;
@@ -85,15 +89,15 @@ fn start_and_wait(program: &Path, args: &[String], marker: &str) -> Result<Guard
     Ok(guard)
 }
 
-fn wait_for_port(port: u16) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
+fn wait_for_port(port: u16, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(format!("nothing listens on port {port} after 10 s"))
+    Err(format!("nothing listens on port {port} after {} s", timeout.as_secs()))
 }
 
 fn nginx_config(dir: &Path, port: u16, replicas: &[u16]) -> String {
@@ -231,7 +235,7 @@ pub fn run_bench(args: &[String]) -> Result<()> {
 }
 
 fn router_bench() -> Result<()> {
-    install_packages(&["nginx", "wrk"])?;
+    install_packages(&["nginx", "wrk", "valgrind"])?;
     // The production profile (fat LTO), as the router is built for deployment; the replicas too, so
     // that they are no slower than in a real deployment's emulation.
     run(cargo(), &["build", "--profile", "production", "-p", "fleet-sim", "-p", "fleet-router"], &[])?;
@@ -274,7 +278,7 @@ fn router_bench() -> Result<()> {
         .spawn()
         .map_err(|e| format!("cannot start nginx: {e}"))?;
     guards.push(Guard(nginx));
-    wait_for_port(nginx_port)?;
+    wait_for_port(nginx_port, Duration::from_secs(10))?;
 
     let fast = write_script(&dir, "fast", r#"{"prompt": "hello", "max_tokens": -1}"#)?;
     let generate = write_script(&dir, "gen", r#"{"prompt": "hello there", "max_tokens": 1}"#)?;
@@ -381,9 +385,101 @@ fn router_bench() -> Result<()> {
         }
         println!();
     }
+    let router_instructions = instructions_per_request(&dir, &fast, |port| {
+        let mut args = router_args.clone();
+        args[1] = format!("127.0.0.1:{port}"); // the value of --listen
+        (bin.join("fleet-router").to_string_lossy().into_owned(), args)
+    })?;
+    let nginx_instructions = instructions_per_request(&dir, &fast, |port| {
+        let config = dir.join("nginx-callgrind.conf");
+        let text = nginx_config(&dir, port, &replica_ports)
+            .replace("worker_processes 1;", "worker_processes 1;\nmaster_process off;")
+            .replace("nginx.pid", "nginx-callgrind.pid");
+        let _ = fs::write(&config, text);
+        let args = ["-c", &config.to_string_lossy(), "-p", &dir.to_string_lossy()].map(str::to_owned);
+        ("nginx".to_owned(), args.to_vec())
+    })?;
+    println!(
+        "user-space instructions per request (callgrind, fast workload, 1 connection): router {router_instructions:.0}, \
+         nginx {nginx_instructions:.0} ({:.2} x nginx)",
+        router_instructions / nginx_instructions
+    );
     drop(guards);
     let _ = fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// Requests and seconds of the callgrind run: enough requests that start-up and the router's health
+/// probes (a few per second) are noise, few enough for valgrind's ~50x slowdown.
+const CALLGRIND_SECONDS: u32 = 5;
+
+/// Runs the proxy that `command(port)` names under callgrind and counts the user-space instructions it
+/// executes per request of `script` at one connection (counters zeroed after a warm-up).
+fn instructions_per_request(
+    dir: &Path,
+    script: &Path,
+    command: impl FnOnce(u16) -> (String, Vec<String>),
+) -> Result<f64> {
+    let port = free_port()?;
+    let (program, args) = command(port);
+    let out = dir.join(format!("callgrind-{port}"));
+    let mut valgrind_args =
+        vec!["--tool=callgrind".to_owned(), format!("--callgrind-out-file={}", out.display()), program];
+    valgrind_args.extend(args);
+    let child = Command::new("valgrind")
+        .args(&valgrind_args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start valgrind: {e}"))?;
+    let guard = Guard(child);
+    // Programs start slowly under valgrind.
+    wait_for_port(port, Duration::from_secs(60))?;
+    let url = format!("http://127.0.0.1:{port}");
+    wrk(&url, script, 1, 2)?;
+    let pid = guard.0.id().to_string();
+    callgrind_control(&["--zero", &pid])?;
+    let measured = wrk(&url, script, 1, CALLGRIND_SECONDS)?;
+    callgrind_control(&["--dump=measured", &pid])?;
+    // The dump is written as OUT.1 (the first dump of the run).
+    let dump = PathBuf::from(format!("{}.1", out.display()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let instructions = loop {
+        if let Some(total) = fs::read_to_string(&dump).ok().as_deref().and_then(callgrind_total) {
+            break total;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("callgrind wrote no totals to {} within 30 s", dump.display()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(guard);
+    Ok(instructions / measured.requests)
+}
+
+/// Sends a command to a running callgrind (quietly: its chatter would bury the report).
+fn callgrind_control(args: &[&str]) -> Result<()> {
+    let output = Command::new("callgrind_control")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run callgrind_control: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "callgrind_control {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+/// The instruction count of a callgrind profile (its `summary:` or `totals:` line).
+fn callgrind_total(profile: &str) -> Option<f64> {
+    profile.lines().find_map(|line| {
+        let value = line.strip_prefix("summary:").or_else(|| line.strip_prefix("totals:"))?;
+        value.split_whitespace().next()?.parse().ok()
+    })
 }
 
 #[cfg(test)]
@@ -401,6 +497,13 @@ mod tests {
         assert!(parse_wrk("Requests/sec: 1\n").is_none(), "a report without percentiles is refused");
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn callgrind_totals_are_read() {
+        let profile = "version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nfn=main\n0 12\nsummary: 147251876\ntotals: 147251876\n";
+        assert_eq!(callgrind_total(profile), Some(147_251_876.0));
+        assert_eq!(callgrind_total("events: Ir\n"), None);
     }
 
     #[test]

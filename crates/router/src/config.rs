@@ -200,6 +200,9 @@ pub struct RouterConfig {
     pub connect_timeout: Duration,
     /// Longest silence tolerated from a replica while reading its answer.
     pub read_timeout: Duration,
+    /// Time a client has to send a request's headers, from when the router starts waiting for them
+    /// (an idle keep-alive connection included): a client that trickles them (slowloris) is cut off.
+    pub header_read_timeout: Duration,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     /// Replicas tried per request (the pick plus fallbacks) on connect failures or 5xx before the first byte.
@@ -230,6 +233,7 @@ impl Default for RouterConfig {
             admin_token: None,
             connect_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(120),
+            header_read_timeout: Duration::from_secs(30),
             max_body_bytes: 16 * 1024 * 1024,
             max_attempts: 3,
             health: HealthConfig::default(),
@@ -258,6 +262,7 @@ impl RouterConfig {
         let positive = [
             ("connect_timeout", self.connect_timeout),
             ("read_timeout", self.read_timeout),
+            ("header_read_timeout", self.header_read_timeout),
             ("health.interval", self.health.interval),
             ("health.timeout", self.health.timeout),
         ];
@@ -348,6 +353,8 @@ mod tests {
         assert!(twice.validate().unwrap_err().message.contains("twice"));
         let zero = RouterConfig { max_attempts: 0, ..Default::default() };
         assert_eq!(zero.validate().unwrap_err().field, "max_attempts");
+        let no_header_time = RouterConfig { header_read_timeout: Duration::ZERO, ..Default::default() };
+        assert_eq!(no_header_time.validate().unwrap_err().field, "header_read_timeout");
         let empty_token = RouterConfig { admin_token: Some(" ".into()), ..Default::default() };
         assert_eq!(empty_token.validate().unwrap_err().field, "admin_token");
     }

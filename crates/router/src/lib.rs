@@ -5,7 +5,8 @@
 //! - [`routing_key`]: a request's model, prompt blocks and session key (pure).
 //! - [`state`]: replicas grouped by model, one `fleet_policy::Engine` per group, policy versions, health.
 //! - [`proxy`]: the OpenAI routes: pick, retries before the first byte, unbuffered streaming.
-//! - [`upstream`]: the hot path's pooled HTTP/1 client for replicas, with connect and read timeouts.
+//! - [`upstream`]: each replica's pool of HTTP/1 connections (the hot path), with connect and read timeouts.
+//! - [`serve`]: the HTTP/1 server loop (header read timeout, graceful shutdown).
 //! - [`admin`]: the token-checked admin API; [`metrics`]: `/metrics`; [`recording`]: the trace ring and file.
 //! - [`health`]: hysteresis over probes and request outcomes; [`kv_events`]: KV-event subscription.
 //! - `tls` (build feature `tls`): HTTPS with rustls; `tokenizer` (build feature): Hugging Face tokenizers.
@@ -34,6 +35,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod recording;
 pub mod routing_key;
+pub mod serve;
 pub mod state;
 #[cfg(feature = "tls")]
 pub mod tls;
@@ -82,30 +84,29 @@ pub async fn start(
     tokio::spawn(state::probe_loop(state.clone()));
     let app = app(state.clone());
     let stop = state.shutdown.clone();
-    let shutdown = async move {
+    tokio::spawn(async move {
         shutdown.await;
         stop.cancel();
-    };
+    });
+    let (stop, header_read_timeout) = (state.shutdown.clone(), state.config.header_read_timeout);
     let server = match &state.config.tls {
-        None => tokio::spawn(async move {
+        None => {
             use axum::serve::ListenerExt;
             // Streamed tokens are small writes: never hold one back for an ACK (Nagle).
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-                .context("the router's server failed")
-        }),
+            tokio::spawn(async move {
+                serve::serve(listener, app, header_read_timeout, stop).await;
+                Ok(())
+            })
+        }
         #[cfg(feature = "tls")]
         Some(tls) => {
             let listener = tls::TlsListener::new(listener, tls::server_config(&tls.cert, &tls.key)?)?;
             tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown)
-                    .await
-                    .context("the router's server failed")
+                serve::serve(listener, app, header_read_timeout, stop).await;
+                Ok(())
             })
         }
         #[cfg(not(feature = "tls"))]

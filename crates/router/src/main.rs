@@ -52,6 +52,10 @@ struct Cli {
     /// Longest silence tolerated from a replica mid-answer, in seconds.
     #[arg(long, default_value_t = 120)]
     read_timeout_s: u64,
+    /// Time a client has to send a request's headers (an idle keep-alive connection is closed after it), in
+    /// seconds.
+    #[arg(long, default_value_t = 30)]
+    header_read_timeout_s: u64,
     /// Health probe interval, in milliseconds.
     #[arg(long, default_value_t = 400)]
     health_interval_ms: u64,
@@ -122,6 +126,7 @@ async fn run(cli: Cli) -> Result<()> {
         admin_token,
         connect_timeout: Duration::from_millis(cli.connect_timeout_ms),
         read_timeout: Duration::from_secs(cli.read_timeout_s),
+        header_read_timeout: Duration::from_secs(cli.header_read_timeout_s),
         max_body_bytes: cli.max_body_bytes,
         max_attempts: cli.max_attempts,
         health: fleet_router::HealthConfig {

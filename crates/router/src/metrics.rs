@@ -1,5 +1,4 @@
-//! The router's Prometheus metrics: atomic counters on the hot path (requests by replica and status
-//! take one short lock: the status codes are open-ended), rendered as text on scrape.
+//! The router's Prometheus metrics: atomic counters on the hot path, rendered as text on scrape.
 //!
 //! Families (all prefixed `fleet_router_`): `requests_total{replica,status}`, `pick_duration_seconds`
 //! (histogram), `policy_version`, `policy_info{policy}`, `decisions_total{branch}`, `prompt_blocks_total`,
@@ -9,8 +8,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_policy::Branch;
@@ -39,12 +38,46 @@ pub fn branch_label(branch: Branch) -> &'static str {
     BRANCHES.iter().find(|(b, _)| *b == branch).map_or("unknown", |(_, label)| label)
 }
 
+/// HTTP status codes are 100 to 999 (`http::StatusCode` holds no others).
+const STATUS_SLOTS: usize = 900;
+
+/// One replica's answers by HTTP status: a counter per possible status, so counting takes no lock.
+#[derive(Debug)]
+pub struct StatusCounts([AtomicU64; STATUS_SLOTS]);
+
+impl Default for StatusCounts {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl StatusCounts {
+    /// Counts one answer with `status`.
+    pub fn count(&self, status: u16) {
+        self.0[Self::slot(status)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Answers counted with `status`.
+    pub fn get(&self, status: u16) -> u64 {
+        self.0[Self::slot(status)].load(Ordering::Relaxed)
+    }
+
+    fn slot(status: u16) -> usize {
+        usize::from(status.clamp(100, 999) - 100)
+    }
+
+    /// `(status, count)` of every status counted at least once, in status order.
+    fn counted(&self) -> impl Iterator<Item = (u16, u64)> + '_ {
+        (100..=999u16).map(|status| (status, self.get(status))).filter(|(_, count)| *count > 0)
+    }
+}
+
 /// Counters updated by requests.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// Replica URL -> status -> count. Nested so that counting looks the URL up by `&str`: the hot
-    /// path allocates only the first time a replica answers.
-    requests: Mutex<BTreeMap<String, BTreeMap<u16, u64>>>,
+    /// Replica URL -> its answers by status. A replica holds its own entry ([`Metrics::requests_of`]),
+    /// so the hot path counts without this lock; the map outlives removed replicas (counters only grow).
+    requests: Mutex<BTreeMap<String, Arc<StatusCounts>>>,
     /// Picks per latency bucket, not cumulative (a pick adds to one bucket; `render` sums them).
     pick_buckets: [AtomicU64; PICK_BUCKETS.len()],
     pick_count: AtomicU64,
@@ -78,14 +111,11 @@ pub struct ReplicaGauges {
 }
 
 impl Metrics {
-    /// Counts one answered request.
-    pub fn count_request(&self, replica: &str, status: u16) {
+    /// The answer counters of the replica at `url`: the same ones for as long as the router runs, so a
+    /// replica removed and added again keeps counting where it left off.
+    pub fn requests_of(&self, url: &str) -> Arc<StatusCounts> {
         let mut requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let by_status = match requests.get_mut(replica) {
-            Some(by_status) => by_status,
-            None => requests.entry(replica.to_owned()).or_default(),
-        };
-        *by_status.entry(status).or_default() += 1;
+        requests.entry(url.to_owned()).or_default().clone()
     }
 
     /// Counts one pick: its latency, branch and estimated hit.
@@ -108,7 +138,7 @@ impl Metrics {
     /// Requests counted for `replica` with `status`.
     pub fn requests(&self, replica: &str, status: u16) -> u64 {
         let requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        requests.get(replica).and_then(|by_status| by_status.get(&status)).copied().unwrap_or(0)
+        requests.get(replica).map_or(0, |counts| counts.get(status))
     }
 
     /// Renders every family as Prometheus text (format 0.0.4).
@@ -128,8 +158,8 @@ impl Metrics {
         );
         {
             let requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for (replica, by_status) in requests.iter() {
-                for (status, count) in by_status {
+            for (replica, counts) in requests.iter() {
+                for (status, count) in counts.counted() {
                     let _ = writeln!(
                         out,
                         "fleet_router_requests_total{{replica=\"{}\",status=\"{status}\"}} {count}",
@@ -281,8 +311,10 @@ mod tests {
     #[test]
     fn renders_counts_buckets_and_rate() {
         let metrics = Metrics::default();
-        metrics.count_request("http://a", 200);
-        metrics.count_request("http://a", 200);
+        let counts = metrics.requests_of("http://a");
+        counts.count(200);
+        metrics.requests_of("http://a").count(200);
+        metrics.requests_of("http://b");
         metrics.count_pick(Duration::from_micros(3), Branch::Cache, 10, 4);
         metrics.count_pick(Duration::from_micros(30), Branch::Fallback, 10, 0);
         let gauges = [ReplicaGauges {
@@ -305,5 +337,7 @@ mod tests {
         assert!(text.contains("fleet_router_estimated_hit_rate 0.2"));
         assert!(text.contains("fleet_router_policy_version 3"));
         assert_eq!(metrics.requests("http://a", 200), 2);
+        assert!(!text.contains("replica=\"http://b\",status"), "nothing counted, nothing rendered: {text}");
+        assert_eq!((StatusCounts::slot(100), StatusCounts::slot(999)), (0, STATUS_SLOTS - 1));
     }
 }

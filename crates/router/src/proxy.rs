@@ -10,23 +10,24 @@
 //! (or the client goes away) a guard completes the request in the engine, counts it and records it.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use fleet_policy::{Branch, CandidateExplanation, Decision, Engine, PickError, ReplicaId, RequestView};
 use fleet_trace::TraceRecord;
 use futures_util::{Stream, StreamExt};
 use http_body_util::LengthLimitError;
+use memchr::memmem::Finder;
 use serde_json::json;
 
 use crate::metrics::branch_label;
-use crate::routing_key::{Route, RoutingInput, routing_input, session_hash};
+use crate::routing_key::{Route, routing_input, session_hash};
 use crate::state::{DecisionRecord, FleetView, Group, Replica, RouterState, lock, unix_ms};
 use crate::upstream::TimedBody;
 
@@ -166,7 +167,7 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
         group: group.clone(),
         request_id,
         replica: None,
-        view: input.view.clone(),
+        view: input.view,
         in_engine: true,
     };
     let mut tried: Vec<ReplicaId> = Vec::new();
@@ -181,7 +182,7 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
         tried.push(current);
         ticket.replica = Some(replica.clone());
         replica.routed_total.fetch_add(1, Ordering::Relaxed);
-        match attempt_once(&state, &replica, replica.upstream_uri(route), &headers, body.clone()).await {
+        match attempt_once(&replica, route, &headers, body.clone()).await {
             Ok(upstream) => {
                 if upstream.status.is_success() {
                     state.observe_health(&replica, true);
@@ -193,8 +194,19 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
                 } else {
                     Vec::new()
                 };
-                let first_block = input.view.block_hashes.first().copied();
-                let trace = trace_record(&input, arrival_ms, &replica, &decision, policy_version, ttft_ms);
+                // Committed: no more retries, so the ticket's view of the request moves into the trace.
+                let view = std::mem::take(&mut ticket.view);
+                let first_block = view.block_hashes.first().copied();
+                let trace = trace_record(
+                    view,
+                    &input.model,
+                    input.block_tokens,
+                    arrival_ms,
+                    &replica,
+                    &decision,
+                    policy_version,
+                    ttft_ms,
+                );
                 let branch = decision.branch;
                 state.remember_decision(
                     DecisionRecord {
@@ -216,7 +228,7 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
                 last_error = error;
                 replica.errors_total.fetch_add(1, Ordering::Relaxed);
                 state.observe_health(&replica, false);
-                state.metrics.count_request(&replica.spec.url, 502);
+                replica.requests.count(502);
                 tracing::warn!(replica = %replica.spec.url, error = %last_error, "attempt failed before the first byte");
             }
         }
@@ -298,15 +310,14 @@ fn next_replica(fleet: &FleetView, decision: &Decision, tried: &[ReplicaId]) -> 
 
 /// One attempt at one replica: `Ok` once it produced its first body chunk.
 async fn attempt_once(
-    state: &RouterState,
     replica: &Replica,
-    uri: Uri,
+    route: Route,
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Committed, String> {
-    let upstream = state
-        .upstream
-        .post(uri, headers, body)
+    let upstream = replica
+        .connections
+        .post(route, headers, body)
         .await
         .map_err(|error| format!("{} unreachable: {error}", replica.spec.url))?;
     let status = upstream.status();
@@ -327,8 +338,11 @@ async fn attempt_once(
     Ok(Committed { status, content_type, complete, first, rest })
 }
 
+#[allow(clippy::too_many_arguments)] // the fields of one record, each from a different place
 fn trace_record(
-    input: &RoutingInput,
+    view: RequestView,
+    model: &Option<String>,
+    block_tokens: u32,
     arrival_ms: u64,
     replica: &Replica,
     decision: &Decision,
@@ -337,12 +351,12 @@ fn trace_record(
 ) -> TraceRecord {
     TraceRecord {
         timestamp: arrival_ms,
-        input_length: input.view.prompt_tokens,
+        input_length: view.prompt_tokens,
         output_length: 0,
-        hash_ids: input.view.block_hashes.clone(),
-        block_tokens: Some(input.block_tokens),
-        model: input.model.clone(),
-        session: input.view.session_key.as_deref().map(session_hash),
+        session: view.session_key.as_deref().map(session_hash),
+        hash_ids: view.block_hashes,
+        block_tokens: Some(block_tokens),
+        model: model.clone(),
         replica: Some(replica.spec.url.clone()),
         branch: Some(branch_label(decision.branch).to_owned()),
         policy: Some(decision.policy.clone()),
@@ -398,20 +412,32 @@ struct UsageSniffer {
     token_chunks: u32,
 }
 
+/// The byte patterns the sniffer looks for, with their searchers built once (building one costs more
+/// than searching a chunk).
+struct UsagePatterns {
+    completion_tokens: Finder<'static>,
+    cached_tokens: Finder<'static>,
+    open_chunk: Finder<'static>,
+}
+
+static USAGE_PATTERNS: LazyLock<UsagePatterns> = LazyLock::new(|| UsagePatterns {
+    completion_tokens: Finder::new(b"\"completion_tokens\":"),
+    cached_tokens: Finder::new(b"\"cached_tokens\":"),
+    // Each streamed token chunk is still open (`"finish_reason":null`); the closing chunk is not.
+    open_chunk: Finder::new(b"\"finish_reason\":null"),
+});
+
 impl UsageSniffer {
     fn scan(&mut self, chunk: &[u8]) {
-        if let Some(value) = number_after(chunk, b"\"completion_tokens\":") {
+        let patterns = &*USAGE_PATTERNS;
+        if let Some(value) = number_after(chunk, &patterns.completion_tokens) {
             self.completion_tokens = Some(value);
         }
-        if let Some(value) = number_after(chunk, b"\"cached_tokens\":") {
+        if let Some(value) = number_after(chunk, &patterns.cached_tokens) {
             self.cached_tokens = Some(value);
         }
-        // Each streamed token chunk is still open (`"finish_reason":null`); the closing chunk is not.
-        let mut rest = chunk;
-        while let Some(at) = find(rest, b"\"finish_reason\":null") {
-            rest = &rest[at + 1..];
-            self.token_chunks += 1;
-        }
+        let open = patterns.open_chunk.find_iter(chunk).count();
+        self.token_chunks = self.token_chunks.saturating_add(u32::try_from(open).unwrap_or(u32::MAX));
     }
 
     fn output_tokens(&self) -> u32 {
@@ -420,19 +446,12 @@ impl UsageSniffer {
     }
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|window| window == needle)
-}
-
-fn number_after(haystack: &[u8], key: &[u8]) -> Option<u32> {
-    let at = find(haystack, key)? + key.len();
-    let digits: Vec<u8> = haystack[at..]
-        .iter()
-        .skip_while(|b| **b == b' ')
-        .take_while(|b| b.is_ascii_digit())
-        .copied()
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
+/// The number after the first match of `key` in `haystack` (blanks allowed between), if there is one.
+fn number_after(haystack: &[u8], key: &Finder<'_>) -> Option<u32> {
+    let at = key.find(haystack)? + key.needle().len();
+    let digits = haystack[at..].trim_ascii_start();
+    let end = digits.iter().position(|b| !b.is_ascii_digit()).unwrap_or(digits.len());
+    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
 }
 
 /// The client-facing body: the first chunk, then the replica's stream; finishes the request on drop.
@@ -458,7 +477,7 @@ impl Drop for Finish {
     fn drop(&mut self) {
         let state = &self.ticket.state;
         let status = if self.broken { 502 } else { self.status.as_u16() };
-        state.metrics.count_request(&self.replica.spec.url, status);
+        self.replica.requests.count(status);
         if self.broken {
             self.replica.errors_total.fetch_add(1, Ordering::Relaxed);
             state.metrics.stream_errors.fetch_add(1, Ordering::Relaxed);
@@ -575,5 +594,8 @@ mod tests {
         let mut whole = UsageSniffer::default();
         whole.scan(br#"{"usage":{"prompt_tokens":9,"completion_tokens": 40,"prompt_tokens_details":{"cached_tokens":16}}}"#);
         assert_eq!((whole.output_tokens(), whole.cached_tokens), (40, Some(16)));
+        let mut nothing = UsageSniffer::default();
+        nothing.scan(br#"{"usage":{"completion_tokens": null},"choices":[{"finish_reason":null},{"finish_reason":null}]}"#);
+        assert_eq!((nothing.completion_tokens, nothing.output_tokens()), (None, 2));
     }
 }

@@ -24,7 +24,7 @@ use crate::health::HealthTracker;
 use crate::metrics::{Metrics, ReplicaGauges};
 use crate::recording::Recorder;
 use crate::routing_key::Tokenize;
-use crate::upstream::UpstreamClient;
+use crate::upstream::{ReplicaConnections, Timeouts};
 
 /// Versions kept for rollback.
 const POLICY_HISTORY: usize = 100;
@@ -58,28 +58,21 @@ pub struct Replica {
     pub routed_total: AtomicU64,
     /// Attempts that failed (connect errors, 5xx, broken streams).
     pub errors_total: AtomicU64,
+    /// Its answers by status, for `fleet_router_requests_total` (shared with [`crate::metrics::Metrics`]).
+    pub requests: Arc<crate::metrics::StatusCounts>,
     /// KV events applied to the index.
     pub kv_events: AtomicU64,
     /// Index resyncs after gaps in the KV event sequence.
     pub kv_resyncs: AtomicU64,
     /// Fires when the replica is removed (stops its KV subscriber).
     pub removed: CancellationToken,
-    /// `/v1/chat/completions` and `/v1/completions` of the replica, parsed once: parsing a URL per
-    /// request is measurable on the hot path, cloning a `Uri` is a reference count.
-    upstream: [axum::http::Uri; 2],
+    /// Its HTTP/1 connections (the proxy's way to it).
+    pub connections: ReplicaConnections,
     /// The URL as a response header value (`x-fleet-replica`), built once.
     pub url_header: Option<axum::http::HeaderValue>,
 }
 
 impl Replica {
-    /// The replica's URI for a routed request.
-    pub fn upstream_uri(&self, route: crate::routing_key::Route) -> axum::http::Uri {
-        match route {
-            crate::routing_key::Route::Chat => self.upstream[0].clone(),
-            crate::routing_key::Route::Completions => self.upstream[1].clone(),
-        }
-    }
-
     /// Whether it is in rotation.
     pub fn healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
@@ -262,8 +255,6 @@ pub struct RouterState {
     pub recorder: Recorder,
     decisions: Mutex<VecDeque<Arc<DecisionRecord>>>,
     heat: Mutex<HeatWindow>,
-    /// Client for proxied requests (the hot path).
-    pub upstream: UpstreamClient,
     /// Client for probes and model lookups (off the hot path).
     pub client: reqwest::Client,
     /// Tokenizer for token-exact blocks.
@@ -299,7 +290,6 @@ impl RouterState {
             recorder,
             decisions: Mutex::new(VecDeque::with_capacity(decisions_capacity.min(4096))),
             heat: Mutex::new(HeatWindow::default()),
-            upstream: UpstreamClient::new(config.connect_timeout, config.read_timeout),
             client,
             tokenizer,
             next_request: AtomicU64::new(1),
@@ -342,13 +332,12 @@ impl RouterState {
         if current.replicas.iter().any(|replica| replica.spec.url == spec.url) {
             return Err(AddReplicaError::Exists(spec.url));
         }
-        let parse = |path: &str| {
-            crate::upstream::replica_uri(&spec.url, path)
-                .map_err(|reason| AddReplicaError::BadUrl(spec.url.clone(), reason))
-        };
-        let upstream = [parse("/v1/chat/completions")?, parse("/v1/completions")?];
+        let timeouts = Timeouts { connect: self.config.connect_timeout, read: self.config.read_timeout };
+        let connections = ReplicaConnections::new(&spec.url, timeouts)
+            .map_err(|reason| AddReplicaError::BadUrl(spec.url.clone(), reason))?;
         let id = admin.names.intern(&spec.url);
         let url_header = axum::http::HeaderValue::from_str(&spec.url).ok();
+        let requests = self.metrics.requests_of(&spec.url);
         let replica = Arc::new(Replica {
             id,
             spec,
@@ -357,10 +346,11 @@ impl RouterState {
             health: Mutex::new(HealthTracker::new(self.config.health.fall, self.config.health.rise)),
             routed_total: AtomicU64::new(0),
             errors_total: AtomicU64::new(0),
+            requests,
             kv_events: AtomicU64::new(0),
             kv_resyncs: AtomicU64::new(0),
             removed: self.shutdown.child_token(),
-            upstream,
+            connections,
             url_header,
         });
         let mut groups = current.groups.clone();

@@ -1,13 +1,17 @@
-//! Misbehaving endpoints: metrics that are garbage or silent, replicas that fail or go silent, and nothing at all.
+//! Misbehaving and telling endpoints: metrics that are garbage or silent, replicas that fail, go silent or
+//! report their connections, and nothing at all.
 //!
 //! These are fakes because no real engine misbehaves on demand; each one stands for a
 //! failure an operator meets in practice (a proxy's HTML error page, a hung process, a
 //! replica that went away).
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 use axum::Router;
+use axum::extract::ConnectInfo;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use futures_util::StreamExt;
@@ -87,4 +91,57 @@ pub async fn silent_replica() -> Result<Endpoint> {
             .route("/health", get(|| async { StatusCode::OK })),
     )
     .await
+}
+
+/// A replica that notes the client address (so the connection) of every generation request it serves:
+/// `/v1/completions` answers a sized JSON body, `/v1/chat/completions` a chunked SSE stream. A fake because
+/// no engine reports which connection carried a request.
+pub struct PeerRecordingReplica {
+    pub endpoint: Endpoint,
+    peers: Arc<Mutex<HashSet<SocketAddr>>>,
+}
+
+impl PeerRecordingReplica {
+    /// Distinct connections that have carried a generation request so far.
+    pub fn connections(&self) -> usize {
+        self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+}
+
+/// Starts a [`PeerRecordingReplica`] on a free loopback port.
+pub async fn peer_recording_replica() -> Result<PeerRecordingReplica> {
+    let peers: Arc<Mutex<HashSet<SocketAddr>>> = Arc::default();
+    let (for_completions, for_chat) = (peers.clone(), peers.clone());
+    let completion = move |ConnectInfo(peer): ConnectInfo<SocketAddr>| async move {
+        for_completions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(peer);
+        axum::Json(serde_json::json!({
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }))
+    };
+    let stream = move |ConnectInfo(peer): ConnectInfo<SocketAddr>| async move {
+        for_chat.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(peer);
+        let events = [
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}]}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        let body = futures_util::stream::iter(events.map(Ok::<_, std::io::Error>));
+        ([("content-type", "text/event-stream")], axum::body::Body::from_stream(body))
+    };
+    let router = Router::new()
+        .route("/v1/completions", post(completion))
+        .route("/v1/chat/completions", post(stream))
+        .route("/health", get(|| async { StatusCode::OK }));
+    let listener = loopback_listener().await?;
+    let addr = listener.local_addr()?;
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move { token.cancelled().await })
+            .await
+    });
+    Ok(PeerRecordingReplica { endpoint: Endpoint { addr, _stop: stop.drop_guard() }, peers })
 }

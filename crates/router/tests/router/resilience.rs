@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use fleet_router::RouterConfig;
 use fleet_sim::ModelConfig;
-use fleet_test_support::endpoints::{failing_replica, silent_replica};
+use fleet_test_support::endpoints::{failing_replica, peer_recording_replica, silent_replica};
 use fleet_test_support::{eventually, spawn_sim};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -223,5 +223,66 @@ async fn a_replica_silent_for_the_read_timeout_is_given_up_never_waited_on_forev
     let last: Value = serde_json::from_str(&events[1])?;
     assert_eq!(last["error"]["type"], "upstream_error", "{text}");
     assert!(last["error"]["message"].as_str().unwrap_or_default().contains("no answer for 300 ms"), "{text}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn sequential_requests_share_one_replica_connection_streamed_or_sized() -> Result<()> {
+    let replica = peer_recording_replica().await?;
+    let router = router(RouterConfig {
+        replicas: vec![format!("{},model=m", replica.endpoint.url())],
+        ..RouterConfig::default()
+    })
+    .await?;
+    let http = client();
+    for round in 0..10 {
+        let sized = http
+            .post(format!("{}/v1/completions", router.url))
+            .json(&json!({"model": "m", "prompt": format!("round {round}")}))
+            .send()
+            .await?;
+        assert_eq!(sized.status(), 200);
+        let answer: Value = sized.json().await?;
+        assert_eq!(answer["choices"][0]["text"], "ok", "{answer}");
+        let streamed = http
+            .post(format!("{}/v1/chat/completions", router.url))
+            .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await?;
+        assert_eq!(streamed.status(), 200);
+        let events = sse_data(&streamed.text().await?);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    }
+    // Each answer was read to its end before the next request, so its connection was back in the
+    // pool: twenty requests, one connection (a connection per request would show twenty).
+    assert_eq!(replica.connections(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_cut_off() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = spawn_sim(1, ModelConfig::default()).await?;
+    let router = router(RouterConfig {
+        replicas: sim.urls().to_vec(),
+        header_read_timeout: Duration::from_millis(300),
+        ..RouterConfig::default()
+    })
+    .await?;
+    let address = router.url.trim_start_matches("http://").to_owned();
+    let mut slow = tokio::net::TcpStream::connect(&address).await?;
+    // Half a request head (slowloris): the blank line that ends the headers never comes.
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: router\r\ncontent-type: application/json\r\n")
+        .await?;
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the router kept a connection with unfinished headers open for 10 s");
+    // Clients that do send their headers are still served.
+    let answer = client()
+        .post(format!("{}/v1/completions", router.url))
+        .json(&json!({"prompt": "hello", "max_tokens": 2}))
+        .send()
+        .await?;
+    assert_eq!(answer.status(), 200);
     Ok(())
 }

@@ -1,0 +1,70 @@
+//! The router's HTTP/1 server: accepts connections, drives each with hyper over the router's routes,
+//! cuts off clients that are slow to send their headers, and shuts down gracefully.
+//!
+//! Why not `axum::serve`: it drives every connection with hyper-util's automatic HTTP/1-or-2 builder and
+//! no timer, so nothing bounds how long a client may take to send a request's headers; one that
+//! trickles them (slowloris), or opens connections and sends nothing, holds them for ever. It also
+//! sniffs every connection for the HTTP/2 preface and polls a shutdown signal beside it, work that a
+//! data plane speaking HTTP/1.1 to its clients pays on each request for nothing. Here each connection is
+//! hyper's HTTP/1 server with a header read timeout ([`crate::RouterConfig::header_read_timeout`]).
+//!
+//! Shutdown (mini-redis's pattern): when `shutdown` fires the loop stops accepting, each connection
+//! finishes the request in flight and closes, and [`serve`] returns once the last one has (every
+//! connection task holds a sender of a channel whose receiver waits for them all to be dropped).
+
+use std::pin::pin;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Serves `app` on `listener` until `shutdown` is cancelled and every open connection has closed.
+pub async fn serve<L>(
+    mut listener: L,
+    app: Router,
+    header_read_timeout: Duration,
+    shutdown: CancellationToken,
+) where
+    L: axum::serve::Listener,
+{
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
+    let (connection_open, mut all_closed) = mpsc::channel::<()>(1);
+    loop {
+        // `Listener::accept` retries failed accepts itself (with a pause when out of file descriptors).
+        let (io, _peer) = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let connection = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()));
+        // A child token per connection: each waits on its own notifier, not on one shared by all.
+        let stop = shutdown.child_token();
+        let open = connection_open.clone();
+        tokio::spawn(async move {
+            let mut connection = pin!(connection);
+            // The connection first; the signal behind it is this connection's own token, one uncontended
+            // check per wake-up.
+            let result = tokio::select! {
+                biased;
+                result = connection.as_mut() => result,
+                () = stop.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = result {
+                // Clients that go away or time out on their headers; nothing an operator acts on.
+                tracing::debug!(%error, "client connection ended with an error");
+            }
+            drop(open);
+        });
+    }
+    drop(listener);
+    drop(connection_open);
+    // Every sender dropped: every connection has closed.
+    let _ = all_closed.recv().await;
+}
