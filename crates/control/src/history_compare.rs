@@ -84,13 +84,15 @@ impl Control {
         let store = &self.inner.store;
         let now_ms = unix_ms_now();
         let versions = store.policy_versions(fleet_store::DEFAULT_FLEET).await.map_err(history_error)?;
+        let pushes = store.fleet_pushes(fleet_store::DEFAULT_FLEET).await.map_err(history_error)?;
+        let windows = fleet_store::active_windows(&pushes, now_ms);
         let mut rows = Vec::new();
         for version in versions {
-            let pushes = store.pushes(&version.label).await.map_err(history_error)?;
-            let window = store.policy_window(&version.label, now_ms).await.ok();
+            let window = windows.get(&version.label);
             rows.push(PolicyVersionRow {
                 pushes: pushes
                     .iter()
+                    .filter(|p| p.label == version.label)
                     .map(|p| match &p.outcome {
                         fleet_store::PushOutcome::Acknowledged { .. } => format!("{}: applied", p.router_url),
                         fleet_store::PushOutcome::Failed { error } => format!("{}: {error}", p.router_url),

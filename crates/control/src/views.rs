@@ -172,19 +172,16 @@ impl Control {
     /// Acknowledged pushes in the audit trail between `since` and `until`.
     async fn audit_markers(&self, since: i64, until: i64) -> Result<Vec<PolicyMarker>, ApiError> {
         let store = &self.inner.store;
-        let versions = store.policy_versions(fleet_store::DEFAULT_FLEET).await.map_err(history_error)?;
-        let mut markers = Vec::new();
-        for version in versions {
-            for push in store.pushes(&version.label).await.map_err(history_error)? {
-                let acked = matches!(push.outcome, fleet_store::PushOutcome::Acknowledged { .. });
-                if acked && (since..=until).contains(&push.pushed_ms) {
-                    markers.push(PolicyMarker {
-                        ts_ms: push.pushed_ms,
-                        label: format!("{} pushed to {}", push.label, push.router_url),
-                    });
-                }
-            }
-        }
+        let pushes = store.fleet_pushes(fleet_store::DEFAULT_FLEET).await.map_err(history_error)?;
+        let markers = pushes
+            .into_iter()
+            .filter(|push| matches!(push.outcome, fleet_store::PushOutcome::Acknowledged { .. }))
+            .filter(|push| (since..=until).contains(&push.pushed_ms))
+            .map(|push| PolicyMarker {
+                ts_ms: push.pushed_ms,
+                label: format!("{} pushed to {}", push.label, push.router_url),
+            })
+            .collect();
         Ok(markers)
     }
 

@@ -5,6 +5,7 @@
 //! push that a router acknowledged (reported running that version) to the first
 //! acknowledged push of another version of the same fleet after it, or to now.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use sqlx::Row;
@@ -306,24 +307,21 @@ impl Store {
         .bind(version_id)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let ok: bool = row.try_get(2)?;
-                let outcome = if ok {
-                    PushOutcome::Acknowledged {
-                        acked_label: row.try_get::<Option<String>, _>(3)?.unwrap_or_default(),
-                    }
-                } else {
-                    PushOutcome::Failed { error: row.try_get::<Option<String>, _>(4)?.unwrap_or_default() }
-                };
-                Ok(PushRecord {
-                    label: label.into(),
-                    router_url: row.try_get(0)?,
-                    pushed_ms: row.try_get(1)?,
-                    outcome,
-                })
-            })
-            .collect()
+        rows.iter().map(|row| push_record(label.to_owned(), row, 0)).collect()
+    }
+
+    /// Every push of every version of `fleet`, oldest first: one query however long the audit trail.
+    pub async fn fleet_pushes(&self, fleet: &str) -> Result<Vec<PushRecord>, StoreError> {
+        let fleet_id = self.fleet_id(fleet).await?;
+        let rows = sqlx::query(
+            "SELECT v.label, r.url, p.pushed_ms, p.ok, p.acked_label, p.error FROM pushes p
+             JOIN policy_versions v ON v.id = p.version_id JOIN routers r ON r.id = p.router_id
+             WHERE v.fleet_id = ? ORDER BY p.pushed_ms, p.id",
+        )
+        .bind(fleet_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|row| push_record(row.try_get(0)?, row, 1)).collect()
     }
 
     /// When version `label` was in force, as seen at `now_ms`.
@@ -399,4 +397,46 @@ impl Store {
             })
             .collect()
     }
+}
+
+/// A push from a row whose columns from `first` on are `url, pushed_ms, ok, acked_label, error`.
+fn push_record(label: String, row: &sqlx::sqlite::SqliteRow, first: usize) -> Result<PushRecord, StoreError> {
+    let ok: bool = row.try_get(first + 2)?;
+    let outcome = if ok {
+        PushOutcome::Acknowledged {
+            acked_label: row.try_get::<Option<String>, _>(first + 3)?.unwrap_or_default(),
+        }
+    } else {
+        PushOutcome::Failed { error: row.try_get::<Option<String>, _>(first + 4)?.unwrap_or_default() }
+    };
+    Ok(PushRecord { label, router_url: row.try_get(first)?, pushed_ms: row.try_get(first + 1)?, outcome })
+}
+
+/// The active window of every version in `pushes` (a fleet's, oldest first) that was ever in force, as
+/// seen at `now_ms`: the windows [`Store::policy_window`] gives one by one, from one read of the pushes.
+/// A version is in force from its first acknowledged push until another version's next one.
+pub fn active_windows(pushes: &[PushRecord], now_ms: i64) -> BTreeMap<String, PolicyWindow> {
+    let acked: Vec<&PushRecord> = pushes
+        .iter()
+        .filter(
+            |p| matches!(&p.outcome, PushOutcome::Acknowledged { acked_label } if *acked_label == p.label),
+        )
+        .collect();
+    let mut windows = BTreeMap::new();
+    for (i, first) in acked.iter().enumerate() {
+        if windows.contains_key(&first.label) {
+            continue;
+        }
+        let next = acked[i + 1..]
+            .iter()
+            .find(|p| p.label != first.label && p.pushed_ms > first.pushed_ms)
+            .map(|p| p.pushed_ms);
+        let window = PolicyWindow {
+            from_ms: first.pushed_ms,
+            to_ms: next.unwrap_or(now_ms),
+            still_active: next.is_none(),
+        };
+        windows.insert(first.label.clone(), window);
+    }
+    windows
 }

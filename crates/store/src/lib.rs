@@ -29,7 +29,7 @@ use sqlx::{Row, migrate::Migrator};
 
 pub use audit::{
     Annotation, AnnotationKind, NewAnnotation, NewPolicyVersion, PolicyVersion, PolicyWindow, PushOutcome,
-    PushRecord,
+    PushRecord, active_windows,
 };
 pub use compare::{
     CompareOptions, Comparison, FleetBucket, METRIC_NAMES, MetricDiff, WindowSpec, WindowSummary,

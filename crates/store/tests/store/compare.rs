@@ -219,6 +219,12 @@ async fn policy_versions_are_compared_over_their_active_windows(
     assert_eq!((v1.from_ms, v1.to_ms, v1.still_active), (T0, T0 + HOUR_MS, false));
     let v2 = store.policy_window("v2", now).await.unwrap();
     assert_eq!((v2.from_ms, v2.to_ms, v2.still_active), (T0 + HOUR_MS, now, true));
+    // The whole fleet's pushes in one read give the same windows; v3 was never in force.
+    let pushes = store.fleet_pushes("default").await.unwrap();
+    let labels: Vec<&str> = pushes.iter().map(|p| p.label.as_str()).collect();
+    assert_eq!(labels, ["v1", "v2", "v2", "v2"]);
+    let windows = fleet_store::active_windows(&pushes, now);
+    assert_eq!((windows.get("v1"), windows.get("v2"), windows.get("v3")), (Some(&v1), Some(&v2), None));
 
     let options = CompareOptions::default();
     let by_policy = store
@@ -236,6 +242,12 @@ async fn policy_versions_are_compared_over_their_active_windows(
     let unknown =
         store.compare(&WindowSpec::Policy("v9".into()), &window(T0, now), now, &options).await.unwrap_err();
     assert!(unknown.to_string().contains("v1, v2, v3"), "{unknown}");
+
+    // v1 pushed again after v2 takes over from v2 there.
+    store.record_push("v1", "http://router-1", T0 + 90 * 60_000, &ack("v1")).await.unwrap();
+    let windows = fleet_store::active_windows(&store.fleet_pushes("default").await.unwrap(), now);
+    assert_eq!(windows["v2"], store.policy_window("v2", now).await.unwrap());
+    assert_eq!((windows["v2"].to_ms, windows["v1"].from_ms), (T0 + 90 * 60_000, T0));
 }
 
 #[sqlx::test(migrations = false)]
