@@ -235,6 +235,18 @@ pub fn parse_decisions(
 
 /// Parses `/admin/trace` (JSON Lines). A bad line fails the whole read with its line number,
 /// since a silently shortened trace would skew every figure computed from it.
+/// Records a router added after a cursor (`GET /admin/trace?after=N`).
+#[derive(Debug, Default)]
+pub struct TracePage {
+    /// The records, in the order the router added them.
+    pub records: Vec<fleet_trace::TraceRecord>,
+    /// The number of the router's newest record (`x-fleet-trace-next`); `None` from a router too old to
+    /// page, whose answer is then every record since the time asked for.
+    pub next: Option<u64>,
+    /// When the router started (`x-fleet-trace-epoch`, Unix ms): a new epoch means its numbering restarted.
+    pub epoch: Option<u64>,
+}
+
 pub fn parse_trace(body: &[u8]) -> Result<Vec<fleet_trace::TraceRecord>, String> {
     let text = std::str::from_utf8(body).map_err(|_| "the trace is not UTF-8 text".to_owned())?;
     let mut records = Vec::new();
@@ -291,6 +303,16 @@ impl AdminClient {
         parse_decisions(&self.url, &body, urls).map_err(|detail| self.bad_body(&path, detail))
     }
 
+    /// The records the router added after record number `after` (0: all it holds) that arrived at or after
+    /// `since_ms`, with the cursor to ask with next time.
+    pub async fn trace_after(&self, since_ms: i64, after: u64) -> Result<TracePage, AdminError> {
+        let path = format!("/admin/trace?since={since_ms}&after={after}");
+        let (headers, body) = self.get_with_headers(&path, MAX_TRACE_BODY).await?;
+        let number = |name: &str| headers.get(name).and_then(|value| value.to_str().ok()?.parse().ok());
+        let records = parse_trace(&body).map_err(|detail| self.bad_body(&path, detail))?;
+        Ok(TracePage { records, next: number("x-fleet-trace-next"), epoch: number("x-fleet-trace-epoch") })
+    }
+
     pub async fn trace_since(&self, since_ms: i64) -> Result<Vec<fleet_trace::TraceRecord>, AdminError> {
         let path = format!("/admin/trace?since={since_ms}");
         let body = self.get(&path, MAX_TRACE_BODY).await?;
@@ -303,6 +325,15 @@ impl AdminClient {
 
     /// One bounded GET: the whole exchange within [`ADMIN_TIMEOUT`], the body within `limit`.
     async fn get(&self, path: &str, limit: usize) -> Result<Vec<u8>, AdminError> {
+        self.get_with_headers(path, limit).await.map(|(_, body)| body)
+    }
+
+    /// [`Self::get`], with the response's headers.
+    async fn get_with_headers(
+        &self,
+        path: &str,
+        limit: usize,
+    ) -> Result<(reqwest::header::HeaderMap, Vec<u8>), AdminError> {
         let Some(token) = &self.token else {
             return Err(AdminError::NoToken { url: self.url.clone() });
         };
@@ -312,6 +343,7 @@ impl AdminClient {
                     |e| AdminError::Unreachable { url: self.url.clone(), detail: connect_detail(&e) },
                 )?;
             let status = response.status().as_u16();
+            let headers = response.headers().clone();
             let body = read_limited(response, limit).await.map_err(|error| match error {
                 BodyError::TooLarge => {
                     AdminError::TooLarge { url: self.url.clone(), path: path.to_owned(), limit }
@@ -319,7 +351,7 @@ impl AdminClient {
                 BodyError::Broken(detail) => AdminError::Unreachable { url: self.url.clone(), detail },
             })?;
             match status {
-                200..=299 => Ok(body),
+                200..=299 => Ok((headers, body)),
                 401 => Err(AdminError::Unauthorized { url: self.url.clone() }),
                 _ => {
                     let error: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);

@@ -6,6 +6,7 @@
 //! each bounded in time and size, measures both canary sides from the routers' recorded traffic,
 //! and writes every version, push and canary step to the history store.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,7 +23,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{AdminClient, BodyError, connect_detail, read_limited};
+use crate::admin::{AdminClient, BodyError, TracePage, connect_detail, read_limited};
 use crate::fleet::{Control, unix_ms_now};
 
 /// Deadline of one policy call (connect, headers and body).
@@ -189,11 +190,65 @@ fn describe(outcome: &PushOutcome) -> String {
     }
 }
 
+/// The fields of a recorded request that a canary's guards read (hashes and the rest are not kept).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observed {
+    /// Arrival (Unix ms).
+    pub arrival_ms: u64,
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// Prompt tokens the replica served from its cache, when it said.
+    pub cached_tokens: Option<u32>,
+    /// Time to first token, when measured.
+    pub ttft_ms: Option<f64>,
+}
+
+impl From<&TraceRecord> for Observed {
+    fn from(record: &TraceRecord) -> Self {
+        Self {
+            arrival_ms: record.timestamp,
+            input_tokens: record.input_length,
+            cached_tokens: record.cached_tokens,
+            ttft_ms: record.ttft_ms,
+        }
+    }
+}
+
+/// What a canary has read of one router's recorded traffic: its cursor and every request since the canary
+/// began. Each check reads only what the router added since the last one: a canary of an hour on a busy
+/// fleet would otherwise download hours of records every few seconds, and soon more than a body may hold.
+#[derive(Debug, Default)]
+pub struct RouterTraffic {
+    next: Option<u64>,
+    epoch: Option<u64>,
+    observed: Vec<Observed>,
+}
+
+impl RouterTraffic {
+    /// The cursor to read the next page with.
+    pub fn cursor(&self) -> u64 {
+        self.next.unwrap_or(0)
+    }
+
+    /// Takes in a page read with [`Self::cursor`]. A router that restarted (new epoch, or a cursor that went
+    /// back) answered with everything it holds, and a router too old to page (no cursor) with the whole
+    /// window: both replace what was kept rather than add to it.
+    pub fn absorb(&mut self, page: TracePage) {
+        let restarted = self.epoch.is_some() && page.epoch != self.epoch
+            || matches!((self.next, page.next), (Some(before), Some(now)) if now < before);
+        if page.next.is_none() || restarted {
+            self.observed.clear();
+        }
+        self.observed.extend(page.records.iter().map(Observed::from));
+        (self.next, self.epoch) = (page.next, page.epoch);
+    }
+}
+
 /// One side's figures from the routers' recorded requests that arrived at or after `since_ms`:
 /// TTFT p95 (nearest rank) over `ttft_ms`, hit rate = sum cached tokens / sum prompt tokens
 /// over the requests that report cached tokens.
-pub fn side_window(records: &[TraceRecord], since_ms: u64) -> SideWindow {
-    let recent: Vec<&TraceRecord> = records.iter().filter(|r| r.timestamp >= since_ms).collect();
+pub fn side_window<'a>(observed: impl IntoIterator<Item = &'a Observed>, since_ms: u64) -> SideWindow {
+    let recent: Vec<&Observed> = observed.into_iter().filter(|r| r.arrival_ms >= since_ms).collect();
     let mut ttfts: Vec<f64> = recent.iter().filter_map(|r| r.ttft_ms).filter(|t| t.is_finite()).collect();
     ttfts.sort_by(f64::total_cmp);
     let ttft_p95_s = (!ttfts.is_empty()).then(|| {
@@ -202,7 +257,7 @@ pub fn side_window(records: &[TraceRecord], since_ms: u64) -> SideWindow {
     });
     let (cached, input) = recent
         .iter()
-        .filter_map(|r| r.cached_tokens.map(|c| (u64::from(c), u64::from(r.input_length))))
+        .filter_map(|r| r.cached_tokens.map(|c| (u64::from(c), u64::from(r.input_tokens))))
         .fold((0u64, 0u64), |(c, i), (rc, ri)| (c + rc, i + ri));
     let hit_rate = (input > 0).then(|| cached as f64 / input as f64);
     SideWindow { requests: recent.len() as u64, ttft_p95_s, hit_rate }
@@ -526,24 +581,37 @@ impl Control {
             .collect();
     }
 
-    /// Both sides' figures since `since_ms`, from every router's recorded traffic.
-    async fn measure(&self, plan: &CanaryPlan, since_ms: u64) -> Result<(SideWindow, SideWindow), String> {
-        let side = |urls: &[String]| {
-            let clients = self.clients_for(urls);
-            async move {
-                let clients = clients.map_err(|e| e.message)?;
-                let results =
-                    futures_util::future::join_all(clients.iter().map(|c| c.trace_since(since_ms as i64)))
-                        .await;
-                let mut records = Vec::new();
-                for result in results {
-                    records.append(&mut result.map_err(|e| e.to_string())?);
-                }
-                Ok::<SideWindow, String>(side_window(&records, since_ms))
+    /// Both sides' figures since `since_ms`, from every router's recorded traffic: reads what each router
+    /// added since the last check into `traffic`. A router that cannot be read fails the measurement (the
+    /// others' pages are kept; its own cursor stays, so nothing is lost).
+    async fn measure(
+        &self,
+        plan: &CanaryPlan,
+        since_ms: u64,
+        traffic: &mut HashMap<String, RouterTraffic>,
+    ) -> Result<(SideWindow, SideWindow), String> {
+        let urls: Vec<String> = plan.canary.iter().chain(&plan.baseline).cloned().collect();
+        let clients = self.clients_for(&urls).map_err(|e| e.message)?;
+        let pages = futures_util::future::join_all(clients.iter().map(|client| {
+            let after = traffic.get(&client.url).map_or(0, RouterTraffic::cursor);
+            client.trace_after(since_ms as i64, after)
+        }))
+        .await;
+        let mut failure = None;
+        for (client, page) in clients.iter().zip(pages) {
+            match page {
+                Ok(page) => traffic.entry(client.url.clone()).or_default().absorb(page),
+                Err(error) => failure = failure.or(Some(error.to_string())),
             }
+        }
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        let side = |urls: &[String]| {
+            let kept = urls.iter().filter_map(|url| traffic.get(url.trim_end_matches('/')));
+            side_window(kept.flat_map(|router| &router.observed), since_ms)
         };
-        let (canary, baseline) = tokio::join!(side(&plan.canary), side(&plan.baseline));
-        Ok((canary?, baseline?))
+        Ok((side(&plan.canary), side(&plan.baseline)))
     }
 
     /// Drives one canary to its end, performing each action the state machine returns.
@@ -558,6 +626,7 @@ impl Control {
     ) {
         let mut logged = 0;
         let mut aborted = false;
+        let mut traffic = HashMap::new();
         loop {
             // Every new step goes to the audit trail as it happens.
             for step in &canary.log()[logged..] {
@@ -599,7 +668,7 @@ impl Control {
                         _ = tokio::time::sleep(check_every) => {}
                     }
                     let Phase::Observing { since_ms } = canary.phase().clone() else { continue };
-                    match self.measure(canary.plan(), since_ms).await {
+                    match self.measure(canary.plan(), since_ms, &mut traffic).await {
                         Ok((c, b)) => {
                             action = canary.on_observation(&c, &b, now());
                             self.publish(&canary, Some((c, b)), None);
@@ -687,6 +756,7 @@ mod tests {
         let mut records: Vec<TraceRecord> =
             (1..=20).map(|i| record(1000 + i, 100, Some(50), Some(i as f64 * 10.0))).collect();
         records.push(record(10, 100, Some(0), Some(9999.0)));
+        let records: Vec<Observed> = records.iter().map(Observed::from).collect();
         let side = side_window(&records, 1000);
         assert_eq!(side.requests, 20);
         assert_eq!(side.hit_rate, Some(0.5));
@@ -694,8 +764,37 @@ mod tests {
         assert_eq!(side.ttft_p95_s, Some(0.19));
         let empty = side_window(&records, 5000);
         assert_eq!(empty, SideWindow { requests: 0, ttft_p95_s: None, hit_rate: None });
-        let unknown = side_window(&[record(2000, 100, None, None)], 0);
+        let unknown = side_window(&[Observed::from(&record(2000, 100, None, None))], 0);
         assert_eq!((unknown.requests, unknown.hit_rate, unknown.ttft_p95_s), (1, None, None));
+    }
+
+    #[test]
+    fn a_router_is_read_page_by_page_and_from_scratch_after_a_restart() {
+        let page = |arrivals: &[u64], next: Option<u64>, epoch: Option<u64>| TracePage {
+            records: arrivals.iter().map(|&ts| record(ts, 100, Some(10), Some(5.0))).collect(),
+            next,
+            epoch,
+        };
+        let arrivals =
+            |traffic: &RouterTraffic| traffic.observed.iter().map(|o| o.arrival_ms).collect::<Vec<_>>();
+        let mut traffic = RouterTraffic::default();
+        assert_eq!(traffic.cursor(), 0);
+        traffic.absorb(page(&[10, 20], Some(2), Some(7)));
+        // The next page holds only what was added since, including a request that arrived early.
+        traffic.absorb(page(&[5, 30], Some(4), Some(7)));
+        assert_eq!((arrivals(&traffic), traffic.cursor()), (vec![10, 20, 5, 30], 4));
+        // The router restarted: a new epoch, and its answer is everything it holds.
+        traffic.absorb(page(&[40], Some(1), Some(9)));
+        assert_eq!((arrivals(&traffic), traffic.cursor()), (vec![40], 1));
+        // A cursor that went back (a restart within one millisecond keeps the epoch) also starts over.
+        traffic.absorb(page(&[50, 60], Some(3), Some(9)));
+        traffic.absorb(page(&[70], Some(1), Some(9)));
+        assert_eq!(arrivals(&traffic), [70]);
+        // A router too old to page answers the whole window each time.
+        let mut old = RouterTraffic::default();
+        old.absorb(page(&[10, 20], None, None));
+        old.absorb(page(&[10, 20, 30], None, None));
+        assert_eq!((arrivals(&old), old.cursor()), (vec![10, 20, 30], 0));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -297,15 +297,25 @@ async fn get_decisions(
     axum::Json(decisions).into_response()
 }
 
+/// Response header of `GET /admin/trace`: the number of the newest record, the `after` of the next call.
+pub const TRACE_NEXT_HEADER: HeaderName = HeaderName::from_static("x-fleet-trace-next");
+/// Response header of `GET /admin/trace`: when the router started (Unix ms); record numbers restart with it.
+pub const TRACE_EPOCH_HEADER: HeaderName = HeaderName::from_static("x-fleet-trace-epoch");
+/// Response header of `GET /admin/trace?after=N`: records after N the ring no longer holds.
+pub const TRACE_MISSED_HEADER: HeaderName = HeaderName::from_static("x-fleet-trace-missed");
+
 #[derive(Deserialize)]
 struct TraceQuery {
+    /// Arrivals at or after this time (Unix ms).
     since: Option<u64>,
+    /// Only records added after this one (the previous answer's `x-fleet-trace-next`).
+    after: Option<u64>,
 }
 
 async fn get_trace(State(state): State<Arc<RouterState>>, Query(query): Query<TraceQuery>) -> Response {
-    let records = state.recorder.since(query.since.unwrap_or(0));
-    let mut body = Vec::with_capacity(records.len() * 200);
-    for record in &records {
+    let page = state.recorder.page(query.since.unwrap_or(0), query.after.unwrap_or(0));
+    let mut body = Vec::with_capacity(page.records.len() * 200);
+    for record in &page.records {
         if fleet_trace::write_record(&mut body, record).is_err() {
             return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -316,7 +326,13 @@ async fn get_trace(State(state): State<Arc<RouterState>>, Query(query): Query<Tr
         }
     }
     let mut response = Response::new(Body::from(body));
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    headers.insert(TRACE_NEXT_HEADER, HeaderValue::from(page.next));
+    headers.insert(TRACE_EPOCH_HEADER, HeaderValue::from(state.recorder.epoch));
+    if page.missed > 0 {
+        headers.insert(TRACE_MISSED_HEADER, HeaderValue::from(page.missed));
+    }
     response
 }
 

@@ -4,6 +4,11 @@
 //! a short lock and to the file writer through a bounded channel; the writer thread does all file I/O, so a
 //! slow disk never slows requests (when the channel is full the record is counted as dropped from the file,
 //! and stays in the ring).
+//!
+//! Records are numbered 1, 2, ... in the order they are added (at each request's completion, so not quite in
+//! arrival order). A reader that keeps the number of the last record it saw (the cursor of a [`TracePage`])
+//! asks for what was added after it, and never misses a long request that arrived early but finished late,
+//! as an arrival-time filter alone would.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -28,8 +33,22 @@ pub struct Recorder {
     file: Option<SyncSender<TraceRecord>>,
     /// Records that could not be queued for the file.
     pub file_dropped: AtomicU64,
-    /// Records written so far (ring).
+    /// When this recorder started (Unix ms): numbering starts again from 1 in a new epoch (a restart).
+    pub epoch: u64,
+    /// Records written so far (ring); also the number of the newest one. Changed only under the ring's lock,
+    /// so that a reader holding it sees the ring and the count agree.
     pub recorded: AtomicU64,
+}
+
+/// Records added after a cursor.
+#[derive(Debug, Default, PartialEq)]
+pub struct TracePage {
+    /// The records, oldest added first.
+    pub records: Vec<TraceRecord>,
+    /// The number of the newest record: the cursor to ask with next time.
+    pub next: u64,
+    /// Records added after the cursor that the ring no longer holds (the reader came back too late).
+    pub missed: u64,
 }
 
 impl Recorder {
@@ -51,6 +70,7 @@ impl Recorder {
             capacity: config.ring_capacity,
             file,
             file_dropped: AtomicU64::new(0),
+            epoch: crate::state::unix_ms(),
             recorded: AtomicU64::new(0),
         })
     }
@@ -70,11 +90,18 @@ impl Recorder {
         self.recorded.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Records with `timestamp >= since_ms`, oldest first.
-    pub fn since(&self, since_ms: u64) -> Vec<TraceRecord> {
+    /// Records added after record number `after` (0: from the first) whose arrival is at or after
+    /// `since_ms`. A cursor past the newest record (the router restarted since the reader's last call)
+    /// counts as 0, and the page's `next` is then below it.
+    pub fn page(&self, since_ms: u64, after: u64) -> TracePage {
         let ring = self.ring.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Records are appended at completion, so timestamps (arrivals) are nearly but not strictly sorted.
-        ring.iter().filter(|record| record.timestamp >= since_ms).cloned().collect()
+        let newest = self.recorded.load(Ordering::Relaxed);
+        let after = if after > newest { 0 } else { after };
+        // The ring holds records `oldest + 1 ..= newest`.
+        let oldest = newest - ring.len() as u64;
+        let skip = usize::try_from(after.saturating_sub(oldest)).unwrap_or(usize::MAX);
+        let records = ring.iter().skip(skip).filter(|record| record.timestamp >= since_ms).cloned().collect();
+        TracePage { records, next: newest, missed: oldest.saturating_sub(after) }
     }
 }
 
@@ -168,9 +195,37 @@ mod tests {
         for t in 0..5 {
             recorder.record(record(t * 10));
         }
-        let kept: Vec<u64> = recorder.since(0).iter().map(|r| r.timestamp).collect();
+        let kept: Vec<u64> = recorder.page(0, 0).records.iter().map(|r| r.timestamp).collect();
         assert_eq!(kept, [20, 30, 40]);
-        assert_eq!(recorder.since(30).len(), 2);
+        assert_eq!(recorder.page(30, 0).records.len(), 2);
+    }
+
+    #[test]
+    fn a_cursor_pages_through_records_in_the_order_they_were_added() {
+        let recorder = Recorder::new(&RecordConfig { ring_capacity: 4, ..RecordConfig::default() }).unwrap();
+        let arrivals = |page: &TracePage| page.records.iter().map(|r| r.timestamp).collect::<Vec<_>>();
+        assert_eq!(recorder.page(0, 0), TracePage::default());
+        // A long request that arrived first (at 5) completes after two short ones.
+        for t in [10, 20, 5] {
+            recorder.record(record(t));
+        }
+        let first = recorder.page(0, 0);
+        assert_eq!((arrivals(&first), first.next, first.missed), (vec![10, 20, 5], 3, 0));
+        recorder.record(record(30));
+        let second = recorder.page(0, first.next);
+        assert_eq!((arrivals(&second), second.next, second.missed), (vec![30], 4, 0));
+        // The arrival filter still applies to the page.
+        assert_eq!(arrivals(&recorder.page(15, 0)), [20, 30]);
+        // Six more: the ring (4) dropped two records the reader never saw.
+        for t in 40..46 {
+            recorder.record(record(t));
+        }
+        let late = recorder.page(0, second.next);
+        assert_eq!((arrivals(&late), late.next, late.missed), (vec![42, 43, 44, 45], 10, 2));
+        // A cursor from before a restart (past the newest record) reads everything again.
+        let restarted = recorder.page(0, 99);
+        assert_eq!((restarted.records.len(), restarted.next), (4, 10));
+        assert!(restarted.next < 99);
     }
 
     #[test]

@@ -300,6 +300,18 @@ async fn decisions_state_trace_and_metrics_show_the_traffic() -> Result<()> {
         .await
         .map(|text| Value::from(text.lines().count()))?;
     assert_eq!(later, 0);
+    // A cursor (the previous answer's x-fleet-trace-next) pages on from the last record seen.
+    let page = |after: u64| {
+        let request = http.get(format!("{}/admin/trace?after={after}", router.url)).bearer_auth(TOKEN);
+        async move {
+            let response = request.send().await?;
+            let next: u64 = response.headers()["x-fleet-trace-next"].to_str()?.parse()?;
+            anyhow::Ok((next, response.text().await?.lines().count()))
+        }
+    };
+    assert_eq!(page(0).await?, (6, 6));
+    assert_eq!(page(6).await?, (6, 0), "nothing new after the newest record");
+    assert_eq!(page(4).await?, (6, 2));
 
     // /metrics: requests by replica and status, branches, hit rate; promtool accepts it.
     let metrics = http.get(format!("{}/metrics", router.url)).send().await?.text().await?;
