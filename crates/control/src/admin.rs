@@ -283,11 +283,6 @@ impl AdminClient {
         Self { http, url: url.trim_end_matches('/').to_owned(), token }
     }
 
-    /// The HTTP client and bearer token, for the policy calls in `rollout`.
-    pub(crate) fn credentials(&self) -> (&reqwest::Client, Option<&str>) {
-        (&self.http, self.token.as_deref())
-    }
-
     pub async fn state(&self) -> Result<RouterState, AdminError> {
         let body = self.get("/admin/state", MAX_ADMIN_BODY).await?;
         parse_state(&body).map_err(|detail| self.bad_body("/admin/state", detail))
@@ -328,20 +323,56 @@ impl AdminClient {
         self.get_with_headers(path, limit).await.map(|(_, body)| body)
     }
 
-    /// [`Self::get`], with the response's headers.
+    /// [`Self::get`], with the response's headers; any answer but a 2xx is an error.
     async fn get_with_headers(
         &self,
         path: &str,
         limit: usize,
     ) -> Result<(reqwest::header::HeaderMap, Vec<u8>), AdminError> {
+        let AdminAnswer { status, headers, body } =
+            self.call(reqwest::Method::GET, path, AdminRequest::default(), limit).await?;
+        match status {
+            200..=299 => Ok((headers, body)),
+            401 => Err(AdminError::Unauthorized { url: self.url.clone() }),
+            _ => {
+                let error: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                if error["code"] == "admin_disabled" {
+                    return Err(AdminError::AdminDisabled { url: self.url.clone() });
+                }
+                let message = error["message"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
+                Err(AdminError::Status { url: self.url.clone(), status, message })
+            }
+        }
+    }
+
+    /// One bounded admin call, whatever its answer: the bearer token sent, the whole exchange within
+    /// [`ADMIN_TIMEOUT`], the body within `limit`. The status is the caller's to judge (a policy push
+    /// reads a 409 or a 422 as an answer, not a failure).
+    pub(crate) async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        request: AdminRequest,
+        limit: usize,
+    ) -> Result<AdminAnswer, AdminError> {
         let Some(token) = &self.token else {
             return Err(AdminError::NoToken { url: self.url.clone() });
         };
         let work = async {
-            let response =
-                self.http.get(format!("{}{path}", self.url)).bearer_auth(token).send().await.map_err(
-                    |e| AdminError::Unreachable { url: self.url.clone(), detail: connect_detail(&e) },
-                )?;
+            let mut call = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(token);
+            if let Some(version) = request.if_match {
+                call = call.header(reqwest::header::IF_MATCH, format!("\"{version}\""));
+            }
+            if let Some(json) = request.json {
+                call = call.header(reqwest::header::CONTENT_TYPE, "application/json").body(json);
+            }
+            let response = call
+                .send()
+                .await
+                .map_err(|e| AdminError::Unreachable { url: self.url.clone(), detail: connect_detail(&e) })?;
             let status = response.status().as_u16();
             let headers = response.headers().clone();
             let body = read_limited(response, limit).await.map_err(|error| match error {
@@ -350,26 +381,29 @@ impl AdminClient {
                 }
                 BodyError::Broken(detail) => AdminError::Unreachable { url: self.url.clone(), detail },
             })?;
-            match status {
-                200..=299 => Ok((headers, body)),
-                401 => Err(AdminError::Unauthorized { url: self.url.clone() }),
-                _ => {
-                    let error: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    if error["code"] == "admin_disabled" {
-                        return Err(AdminError::AdminDisabled { url: self.url.clone() });
-                    }
-                    let message = error["message"]
-                        .as_str()
-                        .map(str::to_owned)
-                        .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
-                    Err(AdminError::Status { url: self.url.clone(), status, message })
-                }
-            }
+            Ok(AdminAnswer { status, headers, body })
         };
         tokio::time::timeout(ADMIN_TIMEOUT, work)
             .await
             .unwrap_or_else(|_| Err(AdminError::Timeout { url: self.url.clone(), timeout: ADMIN_TIMEOUT }))
     }
+}
+
+/// What an admin call sends besides its method and path.
+#[derive(Debug, Default)]
+pub(crate) struct AdminRequest {
+    /// A JSON body.
+    pub json: Option<String>,
+    /// The policy version the change applies to (`If-Match`).
+    pub if_match: Option<u64>,
+}
+
+/// A router's answer to an admin call.
+#[derive(Debug)]
+pub(crate) struct AdminAnswer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
 }
 
 #[cfg(test)]

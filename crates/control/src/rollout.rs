@@ -23,11 +23,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{AdminClient, BodyError, TracePage, connect_detail, read_limited};
+use crate::admin::{AdminClient, AdminRequest, TracePage};
 use crate::fleet::{Control, unix_ms_now};
 
-/// Deadline of one policy call (connect, headers and body).
-pub const POLICY_TIMEOUT: Duration = Duration::from_secs(4);
 /// Largest policy answer accepted: a spec is a few hundred bytes.
 pub const MAX_POLICY_BODY: usize = 1 << 20;
 /// Default time between two measurements of a canary.
@@ -59,39 +57,18 @@ pub fn parse_policy(body: &[u8]) -> Result<ActivePolicy, String> {
     Ok(ActivePolicy { version: wire.version, spec })
 }
 
-/// One bounded admin exchange: status and body, or why there was none.
+/// One policy call (bounded in time and size by [`AdminClient::call`]): status and body, or why there was
+/// none.
 async fn exchange(
     client: &AdminClient,
     method: reqwest::Method,
     path: &str,
-    body: Option<String>,
+    json: Option<String>,
     if_match: Option<u64>,
 ) -> Result<(u16, Vec<u8>), String> {
-    let (http, token) = client.credentials();
-    let Some(token) = token else {
-        return Err(format!("not sent: the router at {} has no admin token; add it in Settings", client.url));
-    };
-    let url = format!("{}{path}", client.url);
-    let work = async {
-        let mut request = http.request(method, &url).bearer_auth(token);
-        if let Some(version) = if_match {
-            request = request.header(reqwest::header::IF_MATCH, format!("\"{version}\""));
-        }
-        if let Some(body) = body {
-            request = request.header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
-        }
-        let response = request.send().await.map_err(|e| connect_detail(&e))?;
-        let status = response.status().as_u16();
-        let bytes = read_limited(response, MAX_POLICY_BODY).await.map_err(|error| match error {
-            BodyError::TooLarge => format!("the answer is larger than {MAX_POLICY_BODY} bytes"),
-            BodyError::Broken(detail) => detail,
-        })?;
-        Ok((status, bytes))
-    };
-    match tokio::time::timeout(POLICY_TIMEOUT, work).await {
-        Ok(result) => result,
-        Err(_) => Err(format!("no answer within {POLICY_TIMEOUT:?}")),
-    }
+    let request = AdminRequest { json, if_match };
+    let answer = client.call(method, path, request, MAX_POLICY_BODY).await.map_err(|e| e.to_string())?;
+    Ok((answer.status, answer.body))
 }
 
 /// Every router of a step the app could not even address (an unknown URL), with the reason.
