@@ -245,6 +245,9 @@ pub struct TracePage {
     pub next: Option<u64>,
     /// When the router started (`x-fleet-trace-epoch`, Unix ms): a new epoch means its numbering restarted.
     pub epoch: Option<u64>,
+    /// Records added after the cursor that the router's ring dropped before this read
+    /// (`x-fleet-trace-missed`): what was read is then a sample.
+    pub missed: u64,
 }
 
 pub fn parse_trace(body: &[u8]) -> Result<Vec<fleet_trace::TraceRecord>, String> {
@@ -305,7 +308,12 @@ impl AdminClient {
         let (headers, body) = self.get_with_headers(&path, MAX_TRACE_BODY).await?;
         let number = |name: &str| headers.get(name).and_then(|value| value.to_str().ok()?.parse().ok());
         let records = parse_trace(&body).map_err(|detail| self.bad_body(&path, detail))?;
-        Ok(TracePage { records, next: number("x-fleet-trace-next"), epoch: number("x-fleet-trace-epoch") })
+        Ok(TracePage {
+            records,
+            next: number("x-fleet-trace-next"),
+            epoch: number("x-fleet-trace-epoch"),
+            missed: number("x-fleet-trace-missed").unwrap_or(0),
+        })
     }
 
     pub async fn trace_since(&self, since_ms: i64) -> Result<Vec<fleet_trace::TraceRecord>, AdminError> {

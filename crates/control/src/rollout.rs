@@ -560,13 +560,14 @@ impl Control {
 
     /// Both sides' figures since `since_ms`, from every router's recorded traffic: reads what each router
     /// added since the last check into `traffic`. A router that cannot be read fails the measurement (the
-    /// others' pages are kept; its own cursor stays, so nothing is lost).
+    /// others' pages are kept; its own cursor stays, so nothing is lost). Also returns a line for each
+    /// router whose ring dropped records before they were read.
     async fn measure(
         &self,
         plan: &CanaryPlan,
         since_ms: u64,
         traffic: &mut HashMap<String, RouterTraffic>,
-    ) -> Result<(SideWindow, SideWindow), String> {
+    ) -> Result<(SideWindow, SideWindow, Vec<String>), String> {
         let urls: Vec<String> = plan.canary.iter().chain(&plan.baseline).cloned().collect();
         let clients = self.clients_for(&urls).map_err(|e| e.message)?;
         let pages = futures_util::future::join_all(clients.iter().map(|client| {
@@ -575,9 +576,19 @@ impl Control {
         }))
         .await;
         let mut failure = None;
+        let mut gaps = Vec::new();
         for (client, page) in clients.iter().zip(pages) {
             match page {
-                Ok(page) => traffic.entry(client.url.clone()).or_default().absorb(page),
+                Ok(page) => {
+                    if page.missed > 0 {
+                        gaps.push(format!(
+                            "the router at {} dropped {} recorded requests before the canary read them \
+                             (its trace ring is full between checks); the guards judge the rest, a sample",
+                            client.url, page.missed
+                        ));
+                    }
+                    traffic.entry(client.url.clone()).or_default().absorb(page);
+                }
                 Err(error) => failure = failure.or(Some(error.to_string())),
             }
         }
@@ -588,7 +599,7 @@ impl Control {
             let kept = urls.iter().filter_map(|url| traffic.get(url.trim_end_matches('/')));
             side_window(kept.flat_map(|router| &router.observed), since_ms)
         };
-        Ok((side(&plan.canary), side(&plan.baseline)))
+        Ok((side(&plan.canary), side(&plan.baseline), gaps))
     }
 
     /// Drives one canary to its end, performing each action the state machine returns.
@@ -646,7 +657,10 @@ impl Control {
                     }
                     let Phase::Observing { since_ms } = canary.phase().clone() else { continue };
                     match self.measure(canary.plan(), since_ms, &mut traffic).await {
-                        Ok((c, b)) => {
+                        Ok((c, b, gaps)) => {
+                            for gap in gaps {
+                                self.note(&author, &format!("canary {label}: {gap}")).await;
+                            }
                             action = canary.on_observation(&c, &b, now());
                             self.publish(&canary, Some((c, b)), None);
                             continue;
@@ -751,6 +765,7 @@ mod tests {
             records: arrivals.iter().map(|&ts| record(ts, 100, Some(10), Some(5.0))).collect(),
             next,
             epoch,
+            missed: 0,
         };
         let arrivals =
             |traffic: &RouterTraffic| traffic.observed.iter().map(|o| o.arrival_ms).collect::<Vec<_>>();
