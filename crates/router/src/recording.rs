@@ -47,7 +47,8 @@ pub struct TracePage {
     pub records: Vec<TraceRecord>,
     /// The number of the newest record: the cursor to ask with next time.
     pub next: u64,
-    /// Records added after the cursor that the ring no longer holds (the reader came back too late).
+    /// Records added after the cursor that the ring no longer holds (the reader came back too late);
+    /// always 0 for a first read (`after` 0), which asks only for what the ring holds.
     pub missed: u64,
 }
 
@@ -101,7 +102,8 @@ impl Recorder {
         let oldest = newest - ring.len() as u64;
         let skip = usize::try_from(after.saturating_sub(oldest)).unwrap_or(usize::MAX);
         let records = ring.iter().skip(skip).filter(|record| record.timestamp >= since_ms).cloned().collect();
-        TracePage { records, next: newest, missed: oldest.saturating_sub(after) }
+        let missed = if after == 0 { 0 } else { oldest.saturating_sub(after) };
+        TracePage { records, next: newest, missed }
     }
 }
 
@@ -222,6 +224,8 @@ mod tests {
         }
         let late = recorder.page(0, second.next);
         assert_eq!((arrivals(&late), late.next, late.missed), (vec![42, 43, 44, 45], 10, 2));
+        // A first read asks for what the ring holds: nothing counts as missed.
+        assert_eq!(recorder.page(0, 0).missed, 0);
         // A cursor from before a restart (past the newest record) reads everything again.
         let restarted = recorder.page(0, 99);
         assert_eq!((restarted.records.len(), restarted.next), (4, 10));

@@ -8,12 +8,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use fleet_sim::Faults;
 use fleet_sim::load::{LoadConfig, LoadStats};
-use fleet_test_support::admin_router::spawn_admin_router;
+use fleet_test_support::admin_router::{spawn_admin_router, spawn_router_with};
 use fleet_test_support::{RouterHandle, SimFleet, eventually, spawn_sim};
 use fleetdeck_api::{
     CanaryArgs, CanaryGuards, CheckSpecArgs, DriftBadge, PushArgs, PushResult, PushTarget, WhatIfArgs,
     WhatIfJobArgs,
 };
+use fleetdeck_control::admin::AdminClient;
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use serde_json::Value;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -311,5 +312,47 @@ async fn a_canary_made_slower_by_fault_injection_rolls_back_by_itself() -> Resul
     let canary_version =
         history.versions.iter().find(|v| v.label.starts_with("canary-")).context("canary")?;
     assert!(canary_version.active_from_ms.is_some() && canary_version.active_to_ms.is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_router_trace_is_read_page_by_page_and_records_the_ring_dropped_are_reported() -> Result<()> {
+    let sim = spawn_sim(1, Default::default()).await?;
+    let router = spawn_router_with(fleet_router::RouterConfig {
+        replicas: sim.urls().to_vec(),
+        admin_token: Some(TOKEN.into()),
+        record: fleet_router::RecordConfig { ring_capacity: 3, ..Default::default() },
+        ..Default::default()
+    })
+    .await?;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let admin = AdminClient::new(http.clone(), &router.url(), Some(TOKEN.into()));
+    let send = |n: usize| {
+        let (http, url) = (http.clone(), format!("{}/v1/completions", router.url()));
+        async move {
+            for i in 0..n {
+                let prompt = format!("request {i}");
+                let body = serde_json::json!({"prompt": prompt, "max_tokens": 1});
+                http.post(&url).json(&body).send().await?.error_for_status()?.bytes().await?;
+            }
+            anyhow::Ok(())
+        }
+    };
+    send(2).await?;
+    let first = eventually("two recorded requests", Duration::from_secs(10), || async {
+        let page = admin.trace_after(0, 0).await?;
+        Ok((page.records.len() == 2).then_some(page))
+    })
+    .await?;
+    assert_eq!((first.next, first.missed), (Some(2), 0));
+    assert!(first.epoch.is_some(), "the router names its epoch");
+    // Five more through a ring of three: two of them are gone before the next read.
+    send(5).await?;
+    let second = eventually("seven recorded requests", Duration::from_secs(10), || async {
+        let page = admin.trace_after(0, 2).await?;
+        Ok((page.next == Some(7)).then_some(page))
+    })
+    .await?;
+    assert_eq!((second.records.len(), second.missed, second.epoch), (3, 2, first.epoch));
     Ok(())
 }
