@@ -6,7 +6,7 @@
 //! (round_robin) and nginx (upstream round-robin, keepalive) over them, then runs wrk against each. Two workloads:
 //! - `fast`: a completion the replica rejects at once (`max_tokens: -1`, answered 400 with no model time),
 //!   which isolates the proxies' own cost; every proxy runs its full path (parse, pick, forward, relay).
-//! - `gen`: a one-token completion (about 12 ms of emulated model time), the realistic case.
+//! - `gen`: a one-token completion (about 7 ms of emulated model time), the realistic case.
 //!
 //! Latency runs use one connection (added p50/p99 = proxy minus direct in the same round), in interleaved
 //! rounds whose median is reported: on a small VM single runs move by tens of microseconds with the host's
