@@ -14,6 +14,14 @@ const NIL: u32 = u32::MAX;
 /// A block index in the cache.
 pub type BlockId = u32;
 
+/// How many leading blocks of a `tokens`-token sequence a prefix-cache hit may cover, of the `hashed` full
+/// blocks it has. At least one token is always computed (vLLM caps a hit at `num_tokens - 1`), so a prompt
+/// of exactly N blocks can hit N - 1 of them. The one rule for the engine model and the pooled bound.
+pub fn cacheable_blocks(tokens: u32, block_tokens: u32, hashed: usize) -> usize {
+    let whole = tokens.saturating_sub(1) / block_tokens.max(1);
+    hashed.min(whole as usize)
+}
+
 /// The block pool.
 #[derive(Clone, Debug)]
 pub struct KvCache {
@@ -204,6 +212,14 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hit_always_leaves_the_last_token_to_compute() {
+        assert_eq!(cacheable_blocks(0, 16, 4), 0);
+        assert_eq!(cacheable_blocks(32, 16, 2), 1, "exactly two blocks: the second is recomputed");
+        assert_eq!(cacheable_blocks(33, 16, 2), 2);
+        assert_eq!(cacheable_blocks(1000, 16, 3), 3, "no more than the hashed blocks");
+    }
 
     /// Allocates, commits and releases one block per hash (a finished request of those blocks).
     fn cache_blocks(cache: &mut KvCache, hashes: &[u64]) {

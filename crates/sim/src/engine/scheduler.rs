@@ -14,7 +14,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use super::kv::{BlockId, KvCache};
+use super::kv::{BlockId, KvCache, cacheable_blocks};
 use super::tokenize::Prompt;
 use super::{
     AddError, ConfigError, EngineConfig, EngineEvent, EngineRequest, EngineStats, FinishReason, KvEventKind,
@@ -121,8 +121,7 @@ impl EngineModel {
         if !self.config.enable_prefix_caching || prompt.tokens == 0 {
             return 0;
         }
-        let cap = ((prompt.tokens - 1) / self.config.block_tokens) as usize;
-        let limit = prompt.block_hashes.len().min(cap);
+        let limit = cacheable_blocks(prompt.tokens, self.config.block_tokens, prompt.block_hashes.len());
         self.kv.lookup(&prompt.block_hashes[..limit]).0 as u32 * self.config.block_tokens
     }
 
@@ -341,9 +340,9 @@ impl EngineModel {
             while budget > 0 && (self.running.len() as u32) < self.config.max_num_seqs {
                 let Some(seq) = self.waiting.front() else { break };
                 let (hit_blocks, free_hits) = if self.config.enable_prefix_caching {
-                    // At least one token is always computed (vLLM caps a hit at total - 1 tokens).
-                    let cap = ((seq.total() - 1) / self.block_tokens()) as usize;
-                    let limit = seq.prompt.block_hashes.len().min(cap);
+                    // Over the whole sequence: a preempted request comes back with its output so far.
+                    let limit =
+                        cacheable_blocks(seq.total(), self.block_tokens(), seq.prompt.block_hashes.len());
                     self.kv.lookup(&seq.prompt.block_hashes[..limit])
                 } else {
                     (0, 0)

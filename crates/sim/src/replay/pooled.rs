@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::prepare::PreparedTrace;
+use crate::engine::kv::cacheable_blocks;
 
 /// An LRU set of block hashes with stamps (O(log n) per touch).
 #[derive(Debug, Default)]
@@ -42,8 +43,9 @@ pub fn pooled_cached_tokens(trace: &PreparedTrace, capacity_blocks: u64) -> Vec<
         .requests
         .iter()
         .map(|request| {
-            let cap = (u64::from(request.prompt_tokens.saturating_sub(1)) / block) as usize;
-            let lookup = &request.block_hashes[..request.block_hashes.len().min(cap)];
+            let cacheable =
+                cacheable_blocks(request.prompt_tokens, trace.block_tokens, request.block_hashes.len());
+            let lookup = &request.block_hashes[..cacheable];
             let matched = lookup.iter().take_while(|h| lru.stamp.contains_key(h)).count() as u64;
             for &hash in request.block_hashes.iter().rev() {
                 lru.touch(hash);
