@@ -15,15 +15,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use fleetdeck_api::{
-    ApiError, CMD_ADD_ENDPOINT, CMD_DECISIONS, CMD_FLEET_SNAPSHOT, CMD_HEADROOM, CMD_HEAT_MAP,
-    CMD_REMOVE_ENDPOINT, CMD_REPLICA_HISTORY, CMD_SET_SCRAPE_INTERVAL, CMD_SETTINGS,
-};
-use fleetdeck_api::{
-    CMD_ABORT_CANARY, CMD_CANARY_STATUS, CMD_CANCEL_WHATIF, CMD_CHECK_SPEC, CMD_HISTORY_COMPARE,
-    CMD_POLICY_EDITOR, CMD_POLICY_HISTORY, CMD_PUSH_POLICY, CMD_START_CANARY, CMD_START_WHATIF,
-    CMD_WHATIF_STATUS,
-};
+use fleetdeck_api::ApiError;
 use fleetdeck_control::Control;
 use serde_json::Value;
 use tauri::utils::assets::AssetKey;
@@ -95,54 +87,16 @@ async fn api(
     }
 }
 
-/// Runs `command` with the JSON `body` as its arguments. Only translation happens here: every
-/// command is one `Control` method.
+/// Runs `command` with the JSON `body` as its arguments (an empty body: none), through the control
+/// crate's one command table.
 async fn dispatch(control: &Control, command: &str, body: &[u8]) -> Result<Value, ApiError> {
-    match command {
-        CMD_FLEET_SNAPSHOT => encode(control.fleet_snapshot(parse_args(body)?).await),
-        CMD_HEAT_MAP => encode(control.heat_map(parse_args(body)?).await),
-        CMD_REPLICA_HISTORY => encode(control.replica_history(parse_required(body)?).await),
-        CMD_DECISIONS => encode(control.decisions(parse_args(body)?).await),
-        CMD_HEADROOM => encode(control.headroom(parse_args(body)?).await),
-        CMD_SETTINGS => encode(control.settings().await),
-        CMD_ADD_ENDPOINT => encode(control.add_endpoint(parse_required(body)?).await),
-        CMD_REMOVE_ENDPOINT => encode(control.remove_endpoint(parse_required(body)?).await),
-        CMD_SET_SCRAPE_INTERVAL => encode(control.set_scrape_interval(parse_required(body)?).await),
-        // Rollout (issue #10): policy editor, what-if, push, canary, history compare.
-        CMD_POLICY_EDITOR => encode(control.policy_editor().await),
-        CMD_CHECK_SPEC => encode(control.check_spec(parse_required(body)?).await),
-        CMD_PUSH_POLICY => encode(control.push_policy(parse_required(body)?).await),
-        CMD_START_CANARY => encode(control.start_canary(parse_required(body)?).await),
-        CMD_CANARY_STATUS => encode(control.canary_status().await),
-        CMD_ABORT_CANARY => encode(control.abort_canary(parse_required(body)?).await),
-        CMD_START_WHATIF => encode(control.start_whatif(parse_required(body)?).await),
-        CMD_WHATIF_STATUS => encode(control.whatif_status(parse_required(body)?).await),
-        CMD_CANCEL_WHATIF => encode(control.cancel_whatif(parse_required(body)?).await),
-        CMD_POLICY_HISTORY => encode(control.policy_history().await),
-        CMD_HISTORY_COMPARE => encode(control.history_compare(parse_required(body)?).await),
-        other => Err(ApiError::new("unknown_command", format!("there is no command {other:?}"))),
-    }
-}
-
-fn encode<T: serde::Serialize>(result: Result<T, ApiError>) -> Result<Value, ApiError> {
-    result.and_then(|v| {
-        serde_json::to_value(v)
-            .map_err(|e| ApiError::new("internal", format!("cannot encode the answer: {e}")))
-    })
-}
-
-/// An empty body means "default arguments", like an `invoke` without them.
-fn parse_args<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    parse_required(body)
-}
-
-/// Arguments without defaults: an empty body is reported as the missing fields it lacks.
-fn parse_required<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) { b"{}" } else { body };
-    serde_json::from_slice(body).map_err(|e| ApiError::new("bad_request", format!("invalid arguments: {e}")))
+    let args = if body.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::new("bad_request", format!("invalid arguments: {e}")))?
+    };
+    fleetdeck_control::commands::dispatch(control, command, args).await
 }
 
 async fn asset(State(served): State<Arc<Served>>, uri: Uri) -> Response {

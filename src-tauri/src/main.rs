@@ -8,7 +8,6 @@ mod headless;
 mod history;
 mod probe;
 mod shell;
-mod shell_rollout;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -12,11 +12,12 @@
 //!   validate a policy, preview it by replay, push it with compare-and-swap, canary it, compare history.
 //! - [`demo`]: the embedded demo fleet (emulated replicas, a router, steady traffic).
 //!
-//! The Tauri shell and the headless HTTP server call [`Control`]'s methods and pass their
-//! results (or [`fleetdeck_api::ApiError`]) through unchanged; no command logic lives in
-//! either adapter.
+//! The Tauri shell and the headless HTTP server both run the UI's commands through
+//! [`commands::dispatch`] (one table: command name -> [`Control`] method) and pass the results (or
+//! [`fleetdeck_api::ApiError`]) through unchanged; no command logic lives in either adapter.
 
 pub mod admin;
+pub mod commands;
 pub mod demo;
 pub mod fleet;
 pub mod headroom;
