@@ -5,6 +5,11 @@
 //! token (XOR-accumulating, lengths folded in), so the time depends only on the configured token's length,
 //! never on how much of a guess is right. The token is never logged. Without a configured token every admin
 //! route answers 403 `admin_disabled`.
+//!
+//! `GET /admin/trace?since=T&after=N` answers the recorded requests (fleet-trace JSON lines) that arrived at
+//! or after `T` (Unix ms) and were recorded after record number `N`. Its headers carry the cursor for the
+//! next call (`x-fleet-trace-next`), the router's start (`x-fleet-trace-epoch`: numbers restart with it)
+//! and, when the reader came back too late, how many records the ring dropped (`x-fleet-trace-missed`).
 
 use std::sync::Arc;
 
