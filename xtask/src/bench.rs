@@ -409,8 +409,8 @@ fn router_bench() -> Result<()> {
     Ok(())
 }
 
-/// Requests and seconds of the callgrind run: enough requests that start-up and the router's health
-/// probes (a few per second) are noise, few enough for valgrind's ~50x slowdown.
+/// Seconds of the measured callgrind run: enough requests that the router's health probes (a few per
+/// second) add about 1 % to the count, few enough for valgrind's ~50x slowdown.
 const CALLGRIND_SECONDS: u32 = 5;
 
 /// Runs the proxy that `command(port)` names under callgrind and counts the user-space instructions it

@@ -4,9 +4,9 @@
 //! Why not `axum::serve`: it drives every connection with hyper-util's automatic HTTP/1-or-2 builder and
 //! no timer, so nothing bounds how long a client may take to send a request's headers; one that
 //! trickles them (slowloris), or opens connections and sends nothing, holds them for ever. It also
-//! sniffs every connection for the HTTP/2 preface and polls a shutdown signal beside it, work that a
-//! data plane speaking HTTP/1.1 to its clients pays on each request for nothing. Here each connection is
-//! hyper's HTTP/1 server with a header read timeout ([`crate::RouterConfig::header_read_timeout`]).
+//! sniffs every connection for the HTTP/2 preface, which the router (HTTP/1.1 to its clients) does not
+//! need. Here each connection is hyper's HTTP/1 server with a header read timeout
+//! ([`crate::RouterConfig::header_read_timeout`]).
 //!
 //! Shutdown (mini-redis's pattern): when `shutdown` fires the loop stops accepting, each connection
 //! finishes the request in flight and closes, and [`serve`] returns once the last one has (every

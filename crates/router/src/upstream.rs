@@ -5,8 +5,8 @@
 //! decompression, proxies), and they cost time on every request; reqwest 0.13 re-parses each response's
 //! URL for its redirect support. hyper-util's pooled client was next: per request it hashes the
 //! scheme and authority (SipHash) three times to find the pool, rewrites the URI and sets the `Host`
-//! header, and wraps the connection in layers of futures: a fifth of the router's instructions per
-//! request, measured with callgrind. Here each [`Replica`](crate::state::Replica) owns its
+//! header, and wraps the connection in layers of futures. Measured with callgrind, replacing it cut the
+//! router's user-space instructions per request from 62.5k to 49.1k. Here each [`Replica`](crate::state::Replica) owns its
 //! [`ReplicaConnections`]: a short list of idle hyper HTTP/1 connections, its `Host` header built once,
 //! and request paths that are constants.
 //!
