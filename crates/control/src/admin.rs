@@ -316,10 +316,9 @@ impl AdminClient {
         })
     }
 
+    /// Every record the router holds that arrived at or after `since_ms`.
     pub async fn trace_since(&self, since_ms: i64) -> Result<Vec<fleet_trace::TraceRecord>, AdminError> {
-        let path = format!("/admin/trace?since={since_ms}");
-        let body = self.get(&path, MAX_TRACE_BODY).await?;
-        parse_trace(&body).map_err(|detail| self.bad_body(&path, detail))
+        Ok(self.trace_after(since_ms, 0).await?.records)
     }
 
     fn bad_body(&self, path: &str, detail: String) -> AdminError {

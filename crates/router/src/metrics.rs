@@ -135,12 +135,6 @@ impl Metrics {
         self.matched_blocks.fetch_add(u64::from(matched_blocks.min(prompt_blocks)), Ordering::Relaxed);
     }
 
-    /// Requests counted for `replica` with `status`.
-    pub fn requests(&self, replica: &str, status: u16) -> u64 {
-        let requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        requests.get(replica).map_or(0, |counts| counts.get(status))
-    }
-
     /// Renders every family as Prometheus text (format 0.0.4).
     pub fn render(
         &self,
@@ -336,7 +330,7 @@ mod tests {
         assert!(text.contains("fleet_router_decisions_total{branch=\"cache\"} 1"));
         assert!(text.contains("fleet_router_estimated_hit_rate 0.2"));
         assert!(text.contains("fleet_router_policy_version 3"));
-        assert_eq!(metrics.requests("http://a", 200), 2);
+        assert_eq!(metrics.requests_of("http://a").get(200), 2);
         assert!(!text.contains("replica=\"http://b\",status"), "nothing counted, nothing rendered: {text}");
         assert_eq!((StatusCounts::slot(100), StatusCounts::slot(999)), (0, STATUS_SLOTS - 1));
     }

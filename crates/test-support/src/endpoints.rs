@@ -31,14 +31,17 @@ impl Endpoint {
     }
 }
 
-/// Serves `router` on a free loopback port until the endpoint is dropped.
+/// Serves `router` on a free loopback port until the endpoint is dropped (handlers may read the client's
+/// address with `ConnectInfo<SocketAddr>`).
 pub async fn serve(router: Router) -> Result<Endpoint> {
     let listener = loopback_listener().await?;
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
     let token = stop.clone();
     tokio::spawn(async move {
-        axum::serve(listener, router).with_graceful_shutdown(async move { token.cancelled().await }).await
+        axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move { token.cancelled().await })
+            .await
     });
     Ok(Endpoint { addr, _stop: stop.drop_guard() })
 }
@@ -130,18 +133,12 @@ pub async fn peer_recording_replica() -> Result<PeerRecordingReplica> {
         let body = futures_util::stream::iter(events.map(Ok::<_, std::io::Error>));
         ([("content-type", "text/event-stream")], axum::body::Body::from_stream(body))
     };
-    let router = Router::new()
-        .route("/v1/completions", post(completion))
-        .route("/v1/chat/completions", post(stream))
-        .route("/health", get(|| async { StatusCode::OK }));
-    let listener = loopback_listener().await?;
-    let addr = listener.local_addr()?;
-    let stop = CancellationToken::new();
-    let token = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move { token.cancelled().await })
-            .await
-    });
-    Ok(PeerRecordingReplica { endpoint: Endpoint { addr, _stop: stop.drop_guard() }, peers })
+    let endpoint = serve(
+        Router::new()
+            .route("/v1/completions", post(completion))
+            .route("/v1/chat/completions", post(stream))
+            .route("/health", get(|| async { StatusCode::OK })),
+    )
+    .await?;
+    Ok(PeerRecordingReplica { endpoint, peers })
 }
