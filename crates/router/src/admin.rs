@@ -85,7 +85,9 @@ pub fn routes(state: Arc<RouterState>) -> Router {
         .route("/admin/state", get(get_state))
         .route("/admin/decisions", get(get_decisions))
         .route("/admin/trace", get(get_trace))
-        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        // `route_layer`, not `layer`: the token guards these routes only. With `layer` it would also
+        // guard the merged router's fallback, and a mistyped public path would answer 401/403.
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
 }
 

@@ -82,7 +82,7 @@ pub async fn start(
         state.add_replica(spec).await.map_err(|error| anyhow::anyhow!("{error}"))?;
     }
     tokio::spawn(state::probe_loop(state.clone()));
-    let app = app(state.clone());
+    let routes = serve::Routes::new(state.clone(), app(state.clone()));
     let stop = state.shutdown.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -97,7 +97,7 @@ pub async fn start(
                 let _ = tcp.set_nodelay(true);
             });
             tokio::spawn(async move {
-                serve::serve(listener, app, header_read_timeout, stop).await;
+                serve::serve(listener, routes, header_read_timeout, stop).await;
                 Ok(())
             })
         }
@@ -105,7 +105,7 @@ pub async fn start(
         Some(tls) => {
             let listener = tls::TlsListener::new(listener, tls::server_config(&tls.cert, &tls.key)?)?;
             tokio::spawn(async move {
-                serve::serve(listener, app, header_read_timeout, stop).await;
+                serve::serve(listener, routes, header_read_timeout, stop).await;
                 Ok(())
             })
         }
@@ -143,6 +143,18 @@ pub fn app(state: Arc<RouterState>) -> Router {
         .route("/metrics", get(metrics))
         .with_state(state.clone())
         .merge(admin::routes(state))
+        .fallback(not_found)
+}
+
+/// Any other path: a 404 in OpenAI's error shape that lists what the router serves.
+async fn not_found(request: Request) -> Response {
+    let message = format!(
+        "no route for {} {}; fleet-router serves POST /v1/chat/completions, POST /v1/completions, \
+         GET /v1/models, GET /health, GET /metrics and /admin/*",
+        request.method(),
+        request.uri().path()
+    );
+    proxy::openai_error(StatusCode::NOT_FOUND, "not_found_error", &message)
 }
 
 async fn chat(State(state): State<Arc<RouterState>>, request: Request) -> Response {

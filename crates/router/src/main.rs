@@ -9,6 +9,11 @@ use fleet_policy::PolicySpec;
 use fleet_router::{RecordConfig, RouterConfig};
 use tokio::net::TcpListener;
 
+/// mimalloc rather than glibc's malloc: the proxy allocates and frees a few dozen small objects per
+/// request, and glibc's bookkeeping for them was 14 % of the router's instructions (callgrind).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "fleet-router",

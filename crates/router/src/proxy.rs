@@ -16,13 +16,12 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use fleet_policy::{Branch, CandidateExplanation, Decision, Engine, PickError, ReplicaId, RequestView};
 use fleet_trace::TraceRecord;
 use futures_util::{Stream, StreamExt};
-use http_body_util::LengthLimitError;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use memchr::memmem::Finder;
 use serde_json::json;
 
@@ -87,23 +86,24 @@ struct Committed {
 ///
 /// The request is taken whole rather than through axum's `HeaderMap` and `Bytes` extractors: those
 /// copy the headers, and a body over the limit deserves an OpenAI-shaped error naming the limit.
-pub async fn handle(state: Arc<RouterState>, route: Route, request: Request) -> Response {
+pub async fn handle<B>(state: Arc<RouterState>, route: Route, request: axum::http::Request<B>) -> Response
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (parts, body) = request.into_parts();
     let limit = state.config.max_body_bytes;
-    match axum::body::to_bytes(body, limit).await {
-        Ok(body) => forward(state, route, parts.headers, body).await,
+    match Limited::new(body, limit).collect().await {
+        Ok(body) => forward(state, route, parts.headers, body.to_bytes()).await,
+        Err(error) if error.is::<LengthLimitError>() => {
+            let message = format!(
+                "the request body is larger than {limit} bytes, the router's limit (--max-body-bytes)"
+            );
+            openai_error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", &message)
+        }
         Err(error) => {
-            let too_large =
-                std::error::Error::source(&error).is_some_and(|cause| cause.is::<LengthLimitError>());
-            if too_large {
-                let message = format!(
-                    "the request body is larger than {limit} bytes, the router's limit (--max-body-bytes)"
-                );
-                openai_error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", &message)
-            } else {
-                let message = format!("cannot read the request body: {error}");
-                openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", &message)
-            }
+            let message = format!("cannot read the request body: {error}");
+            openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", &message)
         }
     }
 }

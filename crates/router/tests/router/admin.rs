@@ -49,6 +49,9 @@ async fn admin_routes_need_the_token_and_are_off_without_one() -> Result<()> {
     }
     let ok = http.get(format!("{}/admin/policy", with_token.url)).bearer_auth(TOKEN).send().await?;
     assert_eq!(ok.status(), 200);
+    // The token guards the admin routes only: a mistyped public path is a 404, not a 401.
+    let typo = http.get(format!("{}/v1/model", with_token.url)).send().await?;
+    assert_eq!(typo.status(), 404);
 
     let without = router(RouterConfig { replicas: sim.urls().to_vec(), ..RouterConfig::default() }).await?;
     let response = http.get(format!("{}/admin/policy", without.url)).bearer_auth(TOKEN).send().await?;

@@ -114,6 +114,34 @@ async fn bad_requests_are_explained_and_bodies_are_limited() -> Result<()> {
     Ok(())
 }
 
+/// The proxy routes skip axum (see `serve::Routes`); what axum decided for them must not change.
+#[tokio::test]
+async fn proxy_routes_answer_as_their_axum_routes_would() -> Result<()> {
+    let sim = spawn_sim(1, ModelConfig::default()).await?;
+    let router = router(RouterConfig { replicas: sim.urls().to_vec(), ..RouterConfig::default() }).await?;
+    let http = client();
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        let response = http.get(format!("{}{path}", router.url)).send().await?;
+        assert_eq!(response.status(), 405, "GET {path}");
+        assert_eq!(response.headers()["allow"], "POST", "GET {path}");
+    }
+    // A query string does not change the route, as in axum.
+    let response = http
+        .post(format!("{}/v1/completions?trace=1", router.url))
+        .json(&json!({"prompt": "x", "max_tokens": 1}))
+        .send()
+        .await?;
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().contains_key("x-fleet-replica"), "proxied, not answered by the router");
+    // A path that only looks like a proxy route is not one.
+    let response = http.post(format!("{}/v1/completions/", router.url)).json(&json!({})).send().await?;
+    assert_eq!(response.status(), 404);
+    let body: Value = response.json().await?;
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("POST /v1/completions/") && message.contains("serves"), "{body}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn streams_pass_through_unbuffered_and_sessions_stick_with_consistent_hashing() -> Result<()> {
     let sim = spawn_sim(3, ModelConfig::default()).await?;
