@@ -200,6 +200,9 @@ pub struct RouterConfig {
     pub connect_timeout: Duration,
     /// Longest silence tolerated from a replica while reading its answer.
     pub read_timeout: Duration,
+    /// An idle connection to a replica is closed after this long (keep it below the replica's own
+    /// keep-alive timeout, so the router never sends on a connection the replica is closing).
+    pub upstream_idle_timeout: Duration,
     /// Time a client has to send a request's headers, from when the router starts waiting for them
     /// (an idle keep-alive connection included): a client that trickles them (slowloris) is cut off.
     pub header_read_timeout: Duration,
@@ -233,6 +236,7 @@ impl Default for RouterConfig {
             admin_token: None,
             connect_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(120),
+            upstream_idle_timeout: Duration::from_secs(30),
             header_read_timeout: Duration::from_secs(30),
             max_body_bytes: 16 * 1024 * 1024,
             max_attempts: 3,
@@ -262,6 +266,7 @@ impl RouterConfig {
         let positive = [
             ("connect_timeout", self.connect_timeout),
             ("read_timeout", self.read_timeout),
+            ("upstream_idle_timeout", self.upstream_idle_timeout),
             ("header_read_timeout", self.header_read_timeout),
             ("health.interval", self.health.interval),
             ("health.timeout", self.health.timeout),

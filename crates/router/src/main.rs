@@ -57,6 +57,10 @@ struct Cli {
     /// Longest silence tolerated from a replica mid-answer, in seconds.
     #[arg(long, default_value_t = 120)]
     read_timeout_s: u64,
+    /// Idle connections to a replica are closed after this many seconds (keep it below the replica's
+    /// keep-alive timeout).
+    #[arg(long, default_value_t = 30)]
+    upstream_idle_timeout_s: u64,
     /// Time a client has to send a request's headers (an idle keep-alive connection is closed after it), in
     /// seconds.
     #[arg(long, default_value_t = 30)]
@@ -131,6 +135,7 @@ async fn run(cli: Cli) -> Result<()> {
         admin_token,
         connect_timeout: Duration::from_millis(cli.connect_timeout_ms),
         read_timeout: Duration::from_secs(cli.read_timeout_s),
+        upstream_idle_timeout: Duration::from_secs(cli.upstream_idle_timeout_s),
         header_read_timeout: Duration::from_secs(cli.header_read_timeout_s),
         max_body_bytes: cli.max_body_bytes,
         max_attempts: cli.max_attempts,

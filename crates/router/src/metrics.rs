@@ -4,7 +4,7 @@
 //! (histogram), `policy_version`, `policy_info{policy}`, `decisions_total{branch}`, `prompt_blocks_total`,
 //! `matched_blocks_total`, `estimated_hit_rate`, `retries_total`, `stream_errors_total`,
 //! `replica_healthy{replica}`, `replica_outstanding{replica}`, `policy_swaps_total`, `kv_events_total{replica}`,
-//! `kv_resyncs_total{replica}`, `recorded_requests_total`.
+//! `kv_resyncs_total{replica}`, `upstream_idle_connections{replica}`, `recorded_requests_total`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -108,6 +108,8 @@ pub struct ReplicaGauges {
     pub kv_events: u64,
     /// Index resyncs after gaps.
     pub kv_resyncs: u64,
+    /// Pooled connections to it, idle.
+    pub idle_connections: u64,
 }
 
 impl Metrics {
@@ -244,7 +246,7 @@ impl Metrics {
         }
         let rate_help = "Matched over prompt blocks since start (0 to 1).";
         scalar(&mut out, "fleet_router_estimated_hit_rate", "gauge", rate_help, rate);
-        let per_replica: [PerReplicaFamily; 4] = [
+        let per_replica: [PerReplicaFamily; 5] = [
             (
                 "fleet_router_replica_healthy",
                 "gauge",
@@ -268,6 +270,12 @@ impl Metrics {
                 "counter",
                 "Index resyncs after lost KV events, by replica.",
                 |r| r.kv_resyncs,
+            ),
+            (
+                "fleet_router_upstream_idle_connections",
+                "gauge",
+                "Pooled connections to a replica, idle and ready for a request.",
+                |r| r.idle_connections,
             ),
         ];
         for (name, kind, help, value) in per_replica {
@@ -317,6 +325,7 @@ mod tests {
             outstanding: 2,
             kv_events: 0,
             kv_resyncs: 0,
+            idle_connections: 3,
         }];
         let text = metrics.render("cache_aware_approx", 3, &gauges, 7);
         assert!(
@@ -330,6 +339,7 @@ mod tests {
         assert!(text.contains("fleet_router_decisions_total{branch=\"cache\"} 1"));
         assert!(text.contains("fleet_router_estimated_hit_rate 0.2"));
         assert!(text.contains("fleet_router_policy_version 3"));
+        assert!(text.contains("fleet_router_upstream_idle_connections{replica=\"http://a\"} 3"), "{text}");
         assert_eq!(metrics.requests_of("http://a").get(200), 2);
         assert!(!text.contains("replica=\"http://b\",status"), "nothing counted, nothing rendered: {text}");
         assert_eq!((StatusCounts::slot(100), StatusCounts::slot(999)), (0, STATUS_SLOTS - 1));

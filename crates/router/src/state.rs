@@ -332,7 +332,11 @@ impl RouterState {
         if current.replicas.iter().any(|replica| replica.spec.url == spec.url) {
             return Err(AddReplicaError::Exists(spec.url));
         }
-        let timeouts = Timeouts { connect: self.config.connect_timeout, read: self.config.read_timeout };
+        let timeouts = Timeouts {
+            connect: self.config.connect_timeout,
+            read: self.config.read_timeout,
+            idle: self.config.upstream_idle_timeout,
+        };
         let connections = ReplicaConnections::new(&spec.url, timeouts)
             .map_err(|reason| AddReplicaError::BadUrl(spec.url.clone(), reason))?;
         let id = admin.names.intern(&spec.url);
@@ -596,6 +600,7 @@ impl RouterState {
                     outstanding,
                     kv_events: replica.kv_events.load(Ordering::Relaxed),
                     kv_resyncs: replica.kv_resyncs.load(Ordering::Relaxed),
+                    idle_connections: replica.connections.idle_count() as u64,
                 }
             })
             .collect()
@@ -646,6 +651,10 @@ pub async fn probe_loop(state: Arc<RouterState>) {
             _ = ticker.tick() => {}
         }
         let fleet = state.fleet.load_full();
+        let now = tokio::time::Instant::now();
+        for replica in &fleet.replicas {
+            replica.connections.close_idle(now);
+        }
         let probes = fleet.replicas.iter().map(|replica| {
             let state = state.clone();
             let replica = replica.clone();

@@ -42,9 +42,6 @@ const FORWARDED_HEADERS: [header::HeaderName; 3] =
 /// Idle connections kept per replica; more are closed when they come back.
 const MAX_IDLE: usize = 512;
 
-/// A connection idle this long is closed rather than reused (the replica may be about to close it).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// Why a replica did not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -80,13 +77,15 @@ fn chain(error: &dyn std::error::Error) -> String {
         .join(": ")
 }
 
-/// How the router reaches one replica: connect timeout and read timeout.
+/// How the router reaches one replica: connect, read and idle timeouts.
 #[derive(Clone, Copy, Debug)]
 pub struct Timeouts {
     /// Time allowed to open a connection.
     pub connect: Duration,
     /// Longest silence tolerated while waiting for the answer.
     pub read: Duration,
+    /// A connection idle this long is closed, not reused (the replica may be about to close it).
+    pub idle: Duration,
 }
 
 /// A replica's HTTP/1 connections: idle ones ready for a request, new ones opened on demand.
@@ -113,14 +112,18 @@ struct IdleConnection {
 }
 
 impl IdleConnections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<IdleConnection>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// A connection ready for a request, if one is idle. Closed and stale ones are dropped on the way;
     /// one still finishing its last answer stays for later.
-    fn take(&self) -> Option<SendRequest<Full<Bytes>>> {
-        let mut idle = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    fn take(&self, idle_timeout: Duration) -> Option<SendRequest<Full<Bytes>>> {
+        let mut idle = self.lock();
         let mut busy = Vec::new();
         let mut ready = None;
         while let Some(connection) = idle.pop() {
-            if connection.sender.is_closed() || connection.since.elapsed() > IDLE_TIMEOUT {
+            if connection.sender.is_closed() || connection.since.elapsed() > idle_timeout {
                 continue;
             }
             if connection.sender.is_ready() {
@@ -134,10 +137,20 @@ impl IdleConnections {
     }
 
     fn give_back(&self, sender: SendRequest<Full<Bytes>>) {
-        let mut idle = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idle = self.lock();
         if idle.len() < MAX_IDLE && !sender.is_closed() {
             idle.push(IdleConnection { sender, since: Instant::now() });
         }
+    }
+
+    /// Drops the connections the replica closed and those idle longer than `idle_timeout` at `now`;
+    /// returns how many stay. Dropping the last sender of a connection closes it.
+    fn close_stale(&self, now: Instant, idle_timeout: Duration) -> usize {
+        let mut idle = self.lock();
+        idle.retain(|connection| {
+            !connection.sender.is_closed() && now.saturating_duration_since(connection.since) <= idle_timeout
+        });
+        idle.len()
     }
 }
 
@@ -184,6 +197,19 @@ impl ReplicaConnections {
         }
     }
 
+    /// Closes the idle connections that have been idle longer than the idle timeout at `now`, and those
+    /// the replica closed; returns how many stay idle. The probe loop calls it on every tick, so a burst's
+    /// connections do not stay open for ever once traffic stops (taking one only drops stale ones
+    /// lazily, and only when a request comes).
+    pub fn close_idle(&self, now: Instant) -> usize {
+        self.idle.close_stale(now, self.timeouts.idle)
+    }
+
+    /// Connections idle now, ready for a request.
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().len()
+    }
+
     /// POSTs `body` to the replica's `route` with the client's forwarded headers; resolves once the
     /// response head is in.
     pub async fn post(
@@ -219,7 +245,7 @@ impl ReplicaConnections {
         mut request: Request<Full<Bytes>>,
     ) -> Result<(Response<Incoming>, SendRequest<Full<Bytes>>), UpstreamError> {
         loop {
-            let (mut sender, fresh) = match self.idle.take() {
+            let (mut sender, fresh) = match self.idle.take(self.timeouts.idle) {
                 Some(sender) => (sender, false),
                 None => (self.connect().await?, true),
             };
@@ -358,7 +384,11 @@ mod tests {
     struct Outer(#[source] std::io::Error);
 
     fn connections(base: &str) -> Result<ReplicaConnections, String> {
-        let timeouts = Timeouts { connect: Duration::from_secs(1), read: Duration::from_secs(1) };
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(1),
+            read: Duration::from_secs(1),
+            idle: Duration::from_secs(1),
+        };
         ReplicaConnections::new(base, timeouts)
     }
 

@@ -260,6 +260,43 @@ async fn sequential_requests_share_one_replica_connection_streamed_or_sized() ->
 }
 
 #[tokio::test]
+async fn stale_idle_replica_connections_are_closed_and_replaced() -> Result<()> {
+    let replica = peer_recording_replica().await?;
+    let idle_timeout = Duration::from_secs(60);
+    let router = router(RouterConfig {
+        replicas: vec![format!("{},model=m", replica.endpoint.url())],
+        upstream_idle_timeout: idle_timeout,
+        ..RouterConfig::default()
+    })
+    .await?;
+    let http = client();
+    let complete = || async {
+        let response = http
+            .post(format!("{}/v1/completions", router.url))
+            .json(&json!({"model": "m", "prompt": "hi"}))
+            .send()
+            .await?;
+        assert_eq!(response.status(), 200);
+        anyhow::Ok(response.text().await?)
+    };
+    complete().await?;
+    let pooled = router.state.fleet.load().replicas[0].clone();
+    assert_eq!(pooled.connections.idle_count(), 1, "the answer was read, its connection is back");
+    // Time comes in as an argument: a sweep now keeps it, one past the idle timeout closes it.
+    let now = tokio::time::Instant::now();
+    assert_eq!(pooled.connections.close_idle(now), 1);
+    assert_eq!(pooled.connections.close_idle(now + idle_timeout + Duration::from_secs(1)), 0);
+    let metrics = http.get(format!("{}/metrics", router.url)).send().await?.text().await?;
+    let gauge = format!("fleet_router_upstream_idle_connections{{replica=\"{}\"}} 0", replica.endpoint.url());
+    assert!(metrics.contains(&gauge), "{metrics}");
+    // The next request goes out on a new connection (the replica sees a second peer).
+    complete().await?;
+    assert_eq!(replica.connections(), 2);
+    assert_eq!(pooled.connections.idle_count(), 1);
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_client_that_never_finishes_its_headers_is_cut_off() -> Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let sim = spawn_sim(1, ModelConfig::default()).await?;
