@@ -206,6 +206,9 @@ pub struct RouterConfig {
     /// Time a client has to send a request's headers, from when the router starts waiting for them
     /// (an idle keep-alive connection included): a client that trickles them (slowloris) is cut off.
     pub header_read_timeout: Duration,
+    /// On shutdown the router stops accepting, closes idle connections and lets requests in flight finish;
+    /// those still running after this long are cut off.
+    pub shutdown_grace: Duration,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     /// Replicas tried per request (the pick plus fallbacks) on connect failures or 5xx before the first byte.
@@ -238,6 +241,7 @@ impl Default for RouterConfig {
             read_timeout: Duration::from_secs(120),
             upstream_idle_timeout: Duration::from_secs(30),
             header_read_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
             max_body_bytes: 16 * 1024 * 1024,
             max_attempts: 3,
             health: HealthConfig::default(),

@@ -88,7 +88,11 @@ pub async fn start(
         shutdown.await;
         stop.cancel();
     });
-    let (stop, header_read_timeout) = (state.shutdown.clone(), state.config.header_read_timeout);
+    let stop = state.shutdown.clone();
+    let deadlines = serve::Deadlines {
+        header_read: state.config.header_read_timeout,
+        shutdown_grace: state.config.shutdown_grace,
+    };
     let server = match &state.config.tls {
         None => {
             use axum::serve::ListenerExt;
@@ -97,7 +101,7 @@ pub async fn start(
                 let _ = tcp.set_nodelay(true);
             });
             tokio::spawn(async move {
-                serve::serve(listener, routes, header_read_timeout, stop).await;
+                serve::serve(listener, routes, deadlines, stop).await;
                 Ok(())
             })
         }
@@ -105,7 +109,7 @@ pub async fn start(
         Some(tls) => {
             let listener = tls::TlsListener::new(listener, tls::server_config(&tls.cert, &tls.key)?)?;
             tokio::spawn(async move {
-                serve::serve(listener, routes, header_read_timeout, stop).await;
+                serve::serve(listener, routes, deadlines, stop).await;
                 Ok(())
             })
         }

@@ -65,6 +65,10 @@ struct Cli {
     /// seconds.
     #[arg(long, default_value_t = 30)]
     header_read_timeout_s: u64,
+    /// On SIGTERM or Ctrl-C, time requests in flight get to finish before their connections are cut, in
+    /// seconds (new connections are refused at once).
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace_s: u64,
     /// Health probe interval, in milliseconds.
     #[arg(long, default_value_t = 400)]
     health_interval_ms: u64,
@@ -137,6 +141,7 @@ async fn run(cli: Cli) -> Result<()> {
         read_timeout: Duration::from_secs(cli.read_timeout_s),
         upstream_idle_timeout: Duration::from_secs(cli.upstream_idle_timeout_s),
         header_read_timeout: Duration::from_secs(cli.header_read_timeout_s),
+        shutdown_grace: Duration::from_secs(cli.shutdown_grace_s),
         max_body_bytes: cli.max_body_bytes,
         max_attempts: cli.max_attempts,
         health: fleet_router::HealthConfig {
@@ -166,11 +171,34 @@ async fn run(cli: Cli) -> Result<()> {
     let admin = if config.admin_token.is_some() { "admin API on" } else { "admin API off" };
     let replicas = config.replicas.len();
     let config_tls = config.tls.is_some();
-    let (_state, server) = fleet_router::start(listener, config, async {
-        let _ = tokio::signal::ctrl_c().await;
+    let grace = config.shutdown_grace;
+    // Installed before the router announces itself, so a signal sent right after never meets the
+    // default action (which would drop every request in flight).
+    let stop = stop_signal()?;
+    let (_state, server) = fleet_router::start(listener, config, async move {
+        let signal = stop.await;
+        eprintln!(
+            "fleet-router: {signal}: refusing new connections; requests in flight have {}s to finish",
+            grace.as_secs_f64()
+        );
     })
     .await?;
     let scheme = if config_tls { "https" } else { "http" };
     println!("fleet-router listening on {scheme}://{addr} over {replicas} replicas ({admin})");
-    server.await.context("the router task panicked")?
+    server.await.context("the router task panicked")??;
+    eprintln!("fleet-router: stopped");
+    Ok(())
+}
+
+/// Resolves to the name of the first of SIGTERM (what Kubernetes and systemd send) or SIGINT (Ctrl-C).
+fn stop_signal() -> Result<impl std::future::Future<Output = &'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        }
+    })
 }

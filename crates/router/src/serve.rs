@@ -79,18 +79,27 @@ impl hyper::service::Service<Request<Incoming>> for Routes {
     }
 }
 
-/// Serves `routes` on `listener` until `shutdown` is cancelled and every open connection has closed.
-pub async fn serve<L>(
-    mut listener: L,
-    routes: Routes,
-    header_read_timeout: Duration,
-    shutdown: CancellationToken,
-) where
+/// How the server treats its clients' time: the header read timeout, and how long a shutdown waits for
+/// requests in flight.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadlines {
+    /// See [`crate::RouterConfig::header_read_timeout`].
+    pub header_read: Duration,
+    /// See [`crate::RouterConfig::shutdown_grace`].
+    pub shutdown_grace: Duration,
+}
+
+/// Serves `routes` on `listener` until `shutdown` is cancelled and every open connection has closed, or
+/// the shutdown grace has passed and the rest have been cut off.
+pub async fn serve<L>(mut listener: L, routes: Routes, deadlines: Deadlines, shutdown: CancellationToken)
+where
     L: axum::serve::Listener,
 {
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
+    http.timer(TokioTimer::new()).header_read_timeout(deadlines.header_read);
     let (connection_open, mut all_closed) = mpsc::channel::<()>(1);
+    // Fired when the grace is over: the connections still open are dropped, mid-answer or not.
+    let cut_off = CancellationToken::new();
     loop {
         // `Listener::accept` retries failed accepts itself (with a pause when out of file descriptors).
         let (io, _peer) = tokio::select! {
@@ -101,17 +110,22 @@ pub async fn serve<L>(
         let connection = http.serve_connection(TokioIo::new(io), routes.clone());
         // A child token per connection: each waits on its own notifier, not on one shared by all.
         let stop = shutdown.child_token();
+        let cut_off = cut_off.clone();
         let open = connection_open.clone();
         tokio::spawn(async move {
             let mut connection = pin!(connection);
             // The connection first; the signal behind it is this connection's own token, one uncontended
-            // check per wake-up.
+            // check per wake-up. `cut_off` is only looked at once the shutdown has begun.
             let result = tokio::select! {
                 biased;
                 result = connection.as_mut() => result,
                 () = stop.cancelled() => {
+                    // Idle keep-alive connections close now; one with a request in flight after its answer.
                     connection.as_mut().graceful_shutdown();
-                    connection.await
+                    tokio::select! {
+                        result = connection.as_mut() => result,
+                        () = cut_off.cancelled() => Ok(()),
+                    }
                 }
             };
             if let Err(error) = result {
@@ -124,5 +138,15 @@ pub async fn serve<L>(
     drop(listener);
     drop(connection_open);
     // Every sender dropped: every connection has closed.
-    let _ = all_closed.recv().await;
+    tokio::select! {
+        _ = all_closed.recv() => {}
+        () = tokio::time::sleep(deadlines.shutdown_grace) => {
+            tracing::warn!(
+                grace = ?deadlines.shutdown_grace,
+                "requests still in flight after the shutdown grace; closing their connections"
+            );
+            cut_off.cancel();
+            let _ = all_closed.recv().await;
+        }
+    }
 }

@@ -18,3 +18,5 @@ mod openai_client;
 mod resilience;
 #[path = "router/routing.rs"]
 mod routing;
+#[path = "router/shutdown.rs"]
+mod shutdown;

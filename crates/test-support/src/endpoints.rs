@@ -1,5 +1,5 @@
-//! Misbehaving and telling endpoints: metrics that are garbage or silent, replicas that fail, go silent or
-//! report their connections, and nothing at all.
+//! Misbehaving and telling endpoints: metrics that are garbage or silent, replicas that fail, go silent,
+//! report their connections or answer only when told, and nothing at all.
 //!
 //! These are fakes because no real engine misbehaves on demand; each one stands for a
 //! failure an operator meets in practice (a proxy's HTML error page, a hung process, a
@@ -15,6 +15,7 @@ use axum::extract::ConnectInfo;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use futures_util::StreamExt;
+use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::loopback_listener;
@@ -141,4 +142,47 @@ pub async fn peer_recording_replica() -> Result<PeerRecordingReplica> {
     )
     .await?;
     Ok(PeerRecordingReplica { endpoint, peers })
+}
+
+/// A replica whose `/v1/completions` holds every request until the test opens its gate, so a test can
+/// act while a request is in flight without guessing how long that lasts. A fake because no engine
+/// holds an answer on demand.
+pub struct GatedReplica {
+    pub endpoint: Endpoint,
+    arrived: Arc<Notify>,
+    gate: Arc<Notify>,
+}
+
+impl GatedReplica {
+    /// Resolves once a request is waiting at the gate (or has already waited there).
+    pub async fn arrived(&self) {
+        self.arrived.notified().await;
+    }
+
+    /// Lets one waiting (or the next) request through; it is answered with a sized JSON completion.
+    pub fn open(&self) {
+        self.gate.notify_one();
+    }
+}
+
+/// Starts a [`GatedReplica`] on a free loopback port.
+pub async fn gated_replica() -> Result<GatedReplica> {
+    let (arrived, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (on_arrival, at_gate) = (arrived.clone(), gate.clone());
+    let completion = move || async move {
+        on_arrival.notify_one();
+        at_gate.notified().await;
+        axum::Json(serde_json::json!({
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": "after the gate", "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
+        }))
+    };
+    let endpoint = serve(
+        Router::new()
+            .route("/v1/completions", post(completion))
+            .route("/health", get(|| async { StatusCode::OK })),
+    )
+    .await?;
+    Ok(GatedReplica { endpoint, arrived, gate })
 }
