@@ -6,6 +6,10 @@
 //! never on how much of a guess is right. The token is never logged. Without a configured token every admin
 //! route answers 403 `admin_disabled`.
 //!
+//! `GET /admin/decisions?limit=N` lists the newest picks with their explanations; `?request_id=ID` finds
+//! the one behind an answer's `x-fleet-request-id` header, including a request no replica could serve
+//! (its `attempts` and `error`).
+//!
 //! `GET /admin/trace?since=T&after=N` answers the recorded requests (fleet-trace JSON lines) that arrived at
 //! or after `T` (Unix ms) and were recorded after record number `N`. Its headers carry the cursor for the
 //! next call (`x-fleet-trace-next`), the router's start (`x-fleet-trace-epoch`: numbers restart with it)
@@ -291,15 +295,22 @@ async fn get_state(State(state): State<Arc<RouterState>>) -> Response {
 
 #[derive(Deserialize)]
 struct DecisionsQuery {
+    /// The newest this many (50 when absent).
     limit: Option<usize>,
+    /// Only the decision for this request (the `x-fleet-request-id` of its answer).
+    request_id: Option<u64>,
 }
 
+/// `GET /admin/decisions?limit=N` (newest first) or `?request_id=ID` (that request's, if the log still
+/// holds it): a JSON list either way.
 async fn get_decisions(
     State(state): State<Arc<RouterState>>,
     Query(query): Query<DecisionsQuery>,
 ) -> Response {
-    let limit = query.limit.unwrap_or(50).min(state.config.decisions_capacity);
-    let decisions = state.recent_decisions(limit);
+    let decisions = match query.request_id {
+        Some(id) => state.decision_of(id).into_iter().collect(),
+        None => state.recent_decisions(query.limit.unwrap_or(50).min(state.config.decisions_capacity)),
+    };
     let decisions: Vec<&crate::state::DecisionRecord> = decisions.iter().map(AsRef::as_ref).collect();
     axum::Json(decisions).into_response()
 }

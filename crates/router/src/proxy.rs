@@ -37,6 +37,8 @@ pub const REPLICA_HEADER: HeaderName = HeaderName::from_static("x-fleet-replica"
 pub const BRANCH_HEADER: HeaderName = HeaderName::from_static("x-fleet-branch");
 /// Response header with the policy version that decided.
 pub const POLICY_VERSION_HEADER: HeaderName = HeaderName::from_static("x-fleet-policy-version");
+/// Response header with the router's id of the request: `GET /admin/decisions?request_id=N` shows its pick.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-fleet-request-id");
 /// Request header carrying a session key (wins over the body's `user`).
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
 
@@ -218,6 +220,7 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
                         policy_version,
                         decision,
                         attempts: attempts_urls,
+                        error: None,
                     },
                     first_block,
                     replica.id,
@@ -242,14 +245,33 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
         state.metrics.retries.fetch_add(1, Ordering::Relaxed);
         current = next;
     }
-    openai_error(
-        StatusCode::BAD_GATEWAY,
-        "upstream_error",
-        &format!(
-            "no replica could serve the request after {} attempt(s); last error: {last_error}",
-            tried.len()
-        ),
-    )
+    let message = format!(
+        "no replica could serve the request after {} attempt(s); last error: {last_error}",
+        tried.len()
+    );
+    // The failure is in the decision log too, so the id in the answer leads an operator to the pick and
+    // every replica tried. Not in the prefix heat: nothing was served.
+    let tried_urls: Vec<String> =
+        tried.iter().filter_map(|id| fleet.replica(*id).map(|r| r.spec.url.clone())).collect();
+    let replica = tried_urls.last().cloned().unwrap_or_default();
+    state.remember_decision(
+        DecisionRecord {
+            ts_ms: arrival_ms,
+            request_id,
+            model: input.model,
+            replica,
+            policy: decision.policy.clone(),
+            policy_version,
+            decision,
+            attempts: tried_urls,
+            error: Some(message.clone()),
+        },
+        None,
+        current,
+    );
+    let mut response = openai_error(StatusCode::BAD_GATEWAY, "upstream_error", &message);
+    response.headers_mut().insert(REQUEST_ID_HEADER, HeaderValue::from(request_id));
+    response
 }
 
 /// Every replica of the group is marked unhealthy: rather than fail everything (health checks can be wrong,
@@ -549,6 +571,7 @@ fn relay(
     policy_version: u64,
 ) -> Response {
     let Committed { status, content_type, complete, first, rest } = upstream;
+    let request_id = ticket.request_id;
     let is_sse = content_type.as_ref().is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let url = replica.url_header.clone();
     let mut finish = Finish { ticket, replica, status, trace, usage: UsageSniffer::default(), broken: false };
@@ -576,6 +599,7 @@ fn relay(
     }
     headers.insert(BRANCH_HEADER, HeaderValue::from_static(branch_label(branch)));
     headers.insert(POLICY_VERSION_HEADER, HeaderValue::from(policy_version));
+    headers.insert(REQUEST_ID_HEADER, HeaderValue::from(request_id));
     response
 }
 

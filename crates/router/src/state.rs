@@ -207,9 +207,12 @@ pub struct DecisionRecord {
     pub policy_version: u64,
     /// The engine's explanation of the pick.
     pub decision: Decision,
-    /// Replicas tried, in order, when the first did not answer.
+    /// Replicas tried, in order, when the first did not answer (every one tried, when none did).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<String>,
+    /// Why no replica served the request (the client got a 502); absent when one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -509,6 +512,11 @@ impl RouterState {
     /// The newest `limit` decisions, newest first.
     pub fn recent_decisions(&self, limit: usize) -> Vec<Arc<DecisionRecord>> {
         lock(&self.decisions).iter().rev().take(limit).cloned().collect()
+    }
+
+    /// The decision for request `request_id`, if the log still holds it.
+    pub fn decision_of(&self, request_id: u64) -> Option<Arc<DecisionRecord>> {
+        lock(&self.decisions).iter().rev().find(|record| record.request_id == request_id).cloned()
     }
 
     /// The `/admin/state` document.

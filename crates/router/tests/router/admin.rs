@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use fleet_router::RouterConfig;
 use fleet_sim::ModelConfig;
+use fleet_test_support::endpoints::{failing_replica, peer_recording_replica};
 use fleet_test_support::{eventually, spawn_sim};
 use serde_json::{Value, json};
 
@@ -336,6 +337,76 @@ async fn decisions_state_trace_and_metrics_show_the_traffic() -> Result<()> {
 }
 
 /// Runs `promtool check metrics` on `text` (Debian's prometheus package provides promtool).
+#[tokio::test]
+async fn an_answers_request_id_finds_its_decision_served_or_failed() -> Result<()> {
+    let working = peer_recording_replica().await?;
+    let (broken_a, broken_b) = (failing_replica().await?, failing_replica().await?);
+    let router = router(RouterConfig {
+        replicas: vec![
+            format!("{},model=served", working.endpoint.url()),
+            format!("{},model=broken", broken_a.url()),
+            format!("{},model=broken", broken_b.url()),
+        ],
+        admin_token: Some(TOKEN.to_owned()),
+        ..RouterConfig::default()
+    })
+    .await?;
+    let http = client();
+    let decision_of = |id: String| {
+        let http = http.clone();
+        let url = format!("{}/admin/decisions?request_id={id}", router.url);
+        async move {
+            let found: Value = http.get(url).bearer_auth(TOKEN).send().await?.json().await?;
+            let found = found.as_array().cloned().unwrap_or_default();
+            assert_eq!(found.len(), 1, "{found:?}");
+            anyhow::Ok(found[0].clone())
+        }
+    };
+    let ask = |model: &str| {
+        http.post(format!("{}/v1/completions", router.url))
+            .json(&json!({"model": model, "prompt": "which replica?", "max_tokens": 1}))
+            .send()
+    };
+
+    let served = ask("served").await?;
+    assert_eq!(served.status(), 200);
+    let id = served.headers()["x-fleet-request-id"].to_str()?.to_owned();
+    let replica = served.headers()["x-fleet-replica"].to_str()?.to_owned();
+    let decision = decision_of(id.clone()).await?;
+    assert_eq!(
+        (decision["request_id"].to_string(), decision["replica"].as_str()),
+        (id, Some(replica.as_str()))
+    );
+    assert!(decision.get("error").is_none(), "{decision}");
+
+    // Both replicas of `broken` answer 500: the client gets a 502, and its id leads to every attempt.
+    let failed = ask("broken").await?;
+    assert_eq!(failed.status(), 502);
+    let id = failed.headers()["x-fleet-request-id"].to_str()?.to_owned();
+    let decision = decision_of(id).await?;
+    let attempts: Vec<&str> =
+        decision["attempts"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    assert_eq!(attempts.len(), 2, "{decision}");
+    assert!(attempts.contains(&broken_a.url().as_str()) && attempts.contains(&broken_b.url().as_str()));
+    assert!(decision["error"].as_str().is_some_and(|e| e.contains("500")), "{decision}");
+    // Nothing was served, so the prefix heat does not count it.
+    let state: Value =
+        http.get(format!("{}/admin/state", router.url)).bearer_auth(TOKEN).send().await?.json().await?;
+    let counted: u64 =
+        state["prefix_groups"].as_array().into_iter().flatten().filter_map(|g| g["requests"].as_u64()).sum();
+    assert_eq!(counted, 1, "only the served request: {}", state["prefix_groups"]);
+
+    let unknown: Value = http
+        .get(format!("{}/admin/decisions?request_id=999999", router.url))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(unknown, json!([]), "an id the log does not hold is an empty list");
+    Ok(())
+}
+
 async fn promtool_check(text: &str) -> Result<()> {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new("promtool")
