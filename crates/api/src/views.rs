@@ -170,6 +170,12 @@ pub struct DecisionEntry {
     pub prompt_blocks: Option<u32>,
     pub candidates: Vec<Candidate>,
     pub notes: Vec<String>,
+    /// Replica URLs tried in order, when the first did not answer (every one, when none did).
+    #[serde(default)]
+    pub attempts: Vec<String>,
+    /// Why no replica served the request (its client got a 502); `None` when one did.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// One replica as the pick saw it.

@@ -148,6 +148,8 @@ struct WireDecisionEntry {
     policy: String,
     policy_version: Option<u64>,
     decision: WireDecision,
+    attempts: Vec<String>,
+    error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -228,6 +230,8 @@ pub fn parse_decisions(
                     })
                     .collect(),
                 notes: w.decision.notes,
+                attempts: w.attempts,
+                error: w.error,
             }
         })
         .collect())
@@ -466,6 +470,14 @@ mod tests {
         assert_eq!(d.candidates[1].matched_blocks, Some(4));
         assert!(d.candidates[1].chosen && !d.candidates[0].chosen);
         assert_eq!(d.candidates[0].replica, "http://a:1");
+        assert!(d.attempts.is_empty() && d.error.is_none(), "served at the first try");
+
+        let failed = r#"[{"ts_ms": 6, "request_id": 9, "replica": "http://b:2", "policy": "round_robin",
+            "decision": {"replica": 0, "branch": "round_robin", "reason": "next", "candidates": []},
+            "attempts": ["http://a:1", "http://b:2"], "error": "no replica could serve the request"}]"#;
+        let decisions = parse_decisions("http://router", failed.as_bytes(), &urls).unwrap();
+        assert_eq!(decisions[0].attempts, ["http://a:1", "http://b:2"]);
+        assert_eq!(decisions[0].error.as_deref(), Some("no replica could serve the request"));
     }
 
     #[test]

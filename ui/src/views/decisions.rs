@@ -93,6 +93,13 @@ fn Decision(index: usize, entry: DecisionEntry, selected: RwSignal<usize>) -> im
     let candidates = entry.candidates.iter().cloned().map(candidate_row).collect_view();
     let notes =
         (!entry.notes.is_empty()).then(|| view! { <div class="muted">{entry.notes.join(" · ")}</div> });
+    let tried = (!entry.attempts.is_empty()).then(|| {
+        let path: Vec<&str> = entry.attempts.iter().map(|url| format::short_url(url)).collect();
+        view! { <div class="muted" data-testid="decision-attempts">{format!("tried {}", path.join(" → "))}</div> }
+    });
+    let failed = entry.error.clone().map(|error| {
+        view! { <div class="decision-error" data-testid="decision-error">{format!("not served (502): {error}")}</div> }
+    });
     view! {
         <article
             class="decision"
@@ -104,11 +111,14 @@ fn Decision(index: usize, entry: DecisionEntry, selected: RwSignal<usize>) -> im
             <div class="decision-head">
                 <span class="mono">{local_clock(entry.ts_ms)}</span>
                 <span class=format!("badge branch branch-{}", entry.branch) data-testid="decision-branch">{entry.branch.clone()}</span>
-                <span>"→ "<strong>{format::short_url(&entry.replica).to_owned()}</strong></span>
+                // A request no replica served names the last one tried, crossed rather than pointed at.
+                <span>{if entry.error.is_some() { "✗ " } else { "→ " }}<strong>{format::short_url(&entry.replica).to_owned()}</strong></span>
                 <span class="muted">{format!("{}{} · {}", entry.policy, version, entry.model.clone().unwrap_or_default())}</span>
                 <span class="muted mono">{format!("req {} via {}", entry.request_id, format::short_url(&entry.router))}</span>
             </div>
             <div class="decision-reason">{entry.reason.clone()}</div>
+            {failed}
+            {tried}
             {notes}
             <table class="replicas candidates" data-testid="candidates">
                 <thead>
