@@ -4,7 +4,8 @@
 //! (histogram), `policy_version`, `policy_info{policy}`, `decisions_total{branch}`, `prompt_blocks_total`,
 //! `matched_blocks_total`, `estimated_hit_rate`, `retries_total`, `stream_errors_total`,
 //! `replica_healthy{replica}`, `replica_outstanding{replica}`, `policy_swaps_total`, `kv_events_total{replica}`,
-//! `kv_resyncs_total{replica}`, `upstream_idle_connections{replica}`, `recorded_requests_total`.
+//! `kv_resyncs_total{replica}`, `upstream_idle_connections{replica}`, `upstream_first_byte_seconds{replica}`
+//! (histogram), `recorded_requests_total`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -15,8 +16,68 @@ use std::time::Duration;
 use fleet_policy::Branch;
 
 /// Upper bounds of the pick-latency buckets, in seconds.
-const PICK_BUCKETS: [f64; 12] =
-    [1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 2.5e-2];
+const PICK_BUCKETS: &[f64] =
+    &[1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 2.5e-2];
+
+/// Upper bounds of the first-byte buckets, in seconds: from a cached short prompt's prefill to a long
+/// prompt queued behind others.
+const FIRST_BYTE_BUCKETS: &[f64] =
+    &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// A Prometheus histogram of durations that observing never locks: one atomic per bucket, plus the
+/// count and the sum.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Observations per bucket, not cumulative (an observation adds to one; `render` sums them).
+    buckets: Box<[AtomicU64]>,
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds one observation.
+    pub fn observe(&self, duration: Duration) {
+        let seconds = duration.as_secs_f64();
+        // Past the last bound an observation lands only in +Inf, which is the count.
+        if let Some(bucket) = self.bounds.iter().position(|bound| seconds <= *bound) {
+            self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Writes the `_bucket`, `_sum` and `_count` samples of `name`, with `labels` (`key="value",`
+    /// pairs, each followed by a comma) before `le`.
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (bound, bucket) in self.bounds.iter().zip(self.buckets.iter()) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {count}");
+        let plain = labels.trim_end_matches(',');
+        let braces = if plain.is_empty() { String::new() } else { format!("{{{plain}}}") };
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {count}");
+    }
+}
 
 /// Every branch, in a fixed order, with its label.
 pub const BRANCHES: [(Branch, &str); 11] = [
@@ -73,15 +134,15 @@ impl StatusCounts {
 }
 
 /// Counters updated by requests.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     /// Replica URL -> its answers by status. A replica holds its own entry ([`Metrics::requests_of`]),
     /// so the hot path counts without this lock; the map outlives removed replicas (counters only grow).
     requests: Mutex<BTreeMap<String, Arc<StatusCounts>>>,
-    /// Picks per latency bucket, not cumulative (a pick adds to one bucket; `render` sums them).
-    pick_buckets: [AtomicU64; PICK_BUCKETS.len()],
-    pick_count: AtomicU64,
-    pick_sum_nanos: AtomicU64,
+    /// Replica URL -> time to its answers' first byte; held by the replica like its status counts.
+    first_byte: Mutex<BTreeMap<String, Arc<Histogram>>>,
+    /// Time the policy took per pick.
+    picks: Histogram,
     branches: [AtomicU64; BRANCHES.len()],
     /// Prompt blocks of routed requests.
     pub prompt_blocks: AtomicU64,
@@ -112,7 +173,33 @@ pub struct ReplicaGauges {
     pub idle_connections: u64,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: Mutex::default(),
+            first_byte: Mutex::default(),
+            picks: Histogram::new(PICK_BUCKETS),
+            branches: Default::default(),
+            prompt_blocks: AtomicU64::new(0),
+            matched_blocks: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            stream_errors: AtomicU64::new(0),
+            policy_swaps: AtomicU64::new(0),
+        }
+    }
+}
+
 impl Metrics {
+    /// The time-to-first-byte histogram of the replica at `url` (kept, like [`Metrics::requests_of`], for
+    /// as long as the router runs).
+    pub fn first_byte_of(&self, url: &str) -> Arc<Histogram> {
+        let mut first_byte = self.first_byte.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        first_byte
+            .entry(url.to_owned())
+            .or_insert_with(|| Arc::new(Histogram::new(FIRST_BYTE_BUCKETS)))
+            .clone()
+    }
+
     /// The answer counters of the replica at `url`: the same ones for as long as the router runs, so a
     /// replica removed and added again keeps counting where it left off.
     pub fn requests_of(&self, url: &str) -> Arc<StatusCounts> {
@@ -122,14 +209,7 @@ impl Metrics {
 
     /// Counts one pick: its latency, branch and estimated hit.
     pub fn count_pick(&self, latency: Duration, branch: Branch, prompt_blocks: u32, matched_blocks: u32) {
-        let seconds = latency.as_secs_f64();
-        // Past the last bound a pick lands only in +Inf, which is the count.
-        if let Some(bucket) = PICK_BUCKETS.iter().position(|bound| seconds <= *bound) {
-            self.pick_buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        }
-        self.pick_count.fetch_add(1, Ordering::Relaxed);
-        self.pick_sum_nanos
-            .fetch_add(u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.picks.observe(latency);
         if let Some(i) = BRANCHES.iter().position(|(b, _)| *b == branch) {
             self.branches[i].fetch_add(1, Ordering::Relaxed);
         }
@@ -170,16 +250,21 @@ impl Metrics {
             "histogram",
             "Time the policy took to pick a replica.",
         );
-        let mut cumulative = 0;
-        for (bound, bucket) in PICK_BUCKETS.iter().zip(&self.pick_buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            let _ = writeln!(out, "fleet_router_pick_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}");
+        self.picks.render(&mut out, "fleet_router_pick_duration_seconds", "");
+        family(
+            &mut out,
+            "fleet_router_upstream_first_byte_seconds",
+            "histogram",
+            "Time from a request's arrival to its replica's first body byte (the first token of a stream, \
+             the whole answer otherwise), by the replica that answered.",
+        );
+        {
+            let first_byte = self.first_byte.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (replica, histogram) in first_byte.iter().filter(|(_, h)| h.count() > 0) {
+                let labels = format!("replica=\"{}\",", escape(replica));
+                histogram.render(&mut out, "fleet_router_upstream_first_byte_seconds", &labels);
+            }
         }
-        let count = self.pick_count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "fleet_router_pick_duration_seconds_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.pick_sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "fleet_router_pick_duration_seconds_sum {sum}");
-        let _ = writeln!(out, "fleet_router_pick_duration_seconds_count {count}");
         scalar(
             &mut out,
             "fleet_router_policy_version",
@@ -340,6 +425,23 @@ mod tests {
         assert!(text.contains("fleet_router_estimated_hit_rate 0.2"));
         assert!(text.contains("fleet_router_policy_version 3"));
         assert!(text.contains("fleet_router_upstream_idle_connections{replica=\"http://a\"} 3"), "{text}");
+        assert!(!text.contains("fleet_router_upstream_first_byte_seconds_count"), "none observed: {text}");
+
+        let first_byte = metrics.first_byte_of("http://a");
+        first_byte.observe(Duration::from_millis(20));
+        metrics.first_byte_of("http://a").observe(Duration::from_secs(90));
+        let text = metrics.render("cache_aware_approx", 3, &gauges, 7);
+        let name = "fleet_router_upstream_first_byte_seconds";
+        for sample in [
+            format!("{name}_bucket{{replica=\"http://a\",le=\"0.01\"}} 0"),
+            format!("{name}_bucket{{replica=\"http://a\",le=\"0.025\"}} 1"),
+            format!("{name}_bucket{{replica=\"http://a\",le=\"60\"}} 1"),
+            format!("{name}_bucket{{replica=\"http://a\",le=\"+Inf\"}} 2"),
+            format!("{name}_sum{{replica=\"http://a\"}} 90.02"),
+            format!("{name}_count{{replica=\"http://a\"}} 2"),
+        ] {
+            assert!(text.contains(&sample), "{sample} missing from:\n{text}");
+        }
         assert_eq!(metrics.requests_of("http://a").get(200), 2);
         assert!(!text.contains("replica=\"http://b\",status"), "nothing counted, nothing rendered: {text}");
         assert_eq!((StatusCounts::slot(100), StatusCounts::slot(999)), (0, STATUS_SLOTS - 1));

@@ -190,7 +190,9 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
                     state.observe_health(&replica, true);
                 }
                 ticket.first_token();
-                let ttft_ms = started.elapsed().as_secs_f64() * 1e3;
+                let first_byte = started.elapsed();
+                replica.first_byte.observe(first_byte);
+                let ttft_ms = first_byte.as_secs_f64() * 1e3;
                 let attempts_urls = if tried.len() > 1 {
                     tried.iter().filter_map(|id| fleet.replica(*id).map(|r| r.spec.url.clone())).collect()
                 } else {

@@ -60,6 +60,8 @@ pub struct Replica {
     pub errors_total: AtomicU64,
     /// Its answers by status, for `fleet_router_requests_total` (shared with [`crate::metrics::Metrics`]).
     pub requests: Arc<crate::metrics::StatusCounts>,
+    /// Time to its answers' first byte, for `fleet_router_upstream_first_byte_seconds`.
+    pub first_byte: Arc<crate::metrics::Histogram>,
     /// KV events applied to the index.
     pub kv_events: AtomicU64,
     /// Index resyncs after gaps in the KV event sequence.
@@ -345,6 +347,7 @@ impl RouterState {
         let id = admin.names.intern(&spec.url);
         let url_header = axum::http::HeaderValue::from_str(&spec.url).ok();
         let requests = self.metrics.requests_of(&spec.url);
+        let first_byte = self.metrics.first_byte_of(&spec.url);
         let replica = Arc::new(Replica {
             id,
             spec,
@@ -354,6 +357,7 @@ impl RouterState {
             routed_total: AtomicU64::new(0),
             errors_total: AtomicU64::new(0),
             requests,
+            first_byte,
             kv_events: AtomicU64::new(0),
             kv_resyncs: AtomicU64::new(0),
             removed: self.shutdown.child_token(),

@@ -326,6 +326,9 @@ async fn decisions_state_trace_and_metrics_show_the_traffic() -> Result<()> {
     );
     assert!(metrics.contains("fleet_router_decisions_total{branch=\"cache\"} 5"), "{metrics}");
     assert!(metrics.contains("fleet_router_pick_duration_seconds_count 6"));
+    let first_bytes =
+        format!("fleet_router_upstream_first_byte_seconds_count{{replica=\"{}\"}} 6", served[0]);
+    assert!(metrics.contains(&first_bytes), "every answer's first byte is timed: {metrics}");
     let hit_rate = metrics
         .lines()
         .find_map(|line| line.strip_prefix("fleet_router_estimated_hit_rate "))
