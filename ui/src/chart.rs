@@ -6,6 +6,7 @@
 //! check, and lets the SVG scale with the page through its `viewBox`.
 
 use fleetdeck_api::Series;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::format;
@@ -88,6 +89,48 @@ fn legend_label(label: &str) -> String {
     }
 }
 
+/// The plot both kinds of chart draw on: x in seconds relative to now, y from 0.
+type Plot<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The grid, axes and tick labels of a chart; every chart shares their look.
+struct Axes<'f> {
+    x_labels: usize,
+    y_labels: usize,
+    x_tick: &'f dyn Fn(&f64) -> String,
+    y_tick: &'f dyn Fn(&f64) -> String,
+    /// Axis descriptions (x, y), for a chart that stands alone.
+    descriptions: Option<(&'static str, &'static str)>,
+    /// Requested font size (plotters' SVG backend writes it divided by 1.24).
+    font_size: u32,
+}
+
+fn draw_axes(plot: &mut Plot<'_, '_>, axes: Axes<'_>) -> Result<(), String> {
+    let label_font = ("sans-serif", axes.font_size).into_font().color(&RGBColor(0x5f, 0x63, 0x68));
+    let mut mesh = plot.configure_mesh();
+    mesh.bold_line_style(RGBColor(0xe3, 0xe5, 0xe8))
+        .light_line_style(RGBColor(0xf3, 0xf4, 0xf6))
+        .axis_style(RGBColor(0xc4, 0xc7, 0xcc))
+        .x_labels(axes.x_labels)
+        .y_labels(axes.y_labels)
+        .x_label_formatter(axes.x_tick)
+        .y_label_formatter(axes.y_tick)
+        .label_style(label_font.clone());
+    if let Some((x, y)) = axes.descriptions {
+        mesh.x_desc(x).y_desc(y).axis_desc_style(label_font);
+    }
+    mesh.draw().map_err(|e| e.to_string())
+}
+
+/// Draws the `index`-th line in its palette colour (with a dot when it is a lone point, which draws no
+/// segment) and returns that colour for the legend.
+fn draw_line(plot: &mut Plot<'_, '_>, index: usize, points: &[(f64, f64)]) -> Result<RGBColor, String> {
+    let colour = colour(index);
+    let point_size = if points.len() < 2 { 3 } else { 0 };
+    plot.draw_series(LineSeries::new(points.iter().copied(), colour.stroke_width(2)).point_size(point_size))
+        .map_err(|e| e.to_string())?;
+    Ok(colour)
+}
+
 /// TTFT p95 over the last `window_s` seconds, one line per series, x in seconds relative to
 /// `now_ms`, y in seconds.
 pub fn render_svg(series: &[Series], now_ms: i64, window_s: u32) -> Result<String, String> {
@@ -105,9 +148,6 @@ pub fn render_svg(series: &[Series], now_ms: i64, window_s: u32) -> Result<Strin
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         // The legend gets its own column right of the plot: inside the plot it would hide lines.
         let (plot_area, legend_area) = root.split_horizontally(WIDTH - LEGEND_WIDTH);
-        let axis_colour = RGBColor(0x5f, 0x63, 0x68);
-        // plotters' SVG backend writes font-size = requested / 1.24, so 16 gives ~13px text.
-        let label_font = ("sans-serif", 16).into_font().color(&axis_colour);
         let mut chart = ChartBuilder::on(&plot_area)
             .margin_top(14)
             .margin_right(16)
@@ -117,30 +157,22 @@ pub fn render_svg(series: &[Series], now_ms: i64, window_s: u32) -> Result<Strin
             .y_label_area_size(64)
             .build_cartesian_2d(x_left..0.0, 0.0..y_top)
             .map_err(|e| e.to_string())?;
-        chart
-            .configure_mesh()
-            .bold_line_style(RGBColor(0xe3, 0xe5, 0xe8))
-            .light_line_style(RGBColor(0xf3, 0xf4, 0xf6))
-            .axis_style(RGBColor(0xc4, 0xc7, 0xcc))
-            .x_labels(11)
-            .y_labels(6)
-            .x_label_formatter(&|x| if *x == 0.0 { "now".to_owned() } else { format!("{x:.0} s") })
-            .y_label_formatter(&|y| format::axis_seconds(*y))
-            .x_desc("time relative to now")
-            .y_desc("TTFT p95")
-            .label_style(label_font.clone())
-            .axis_desc_style(label_font.clone())
-            .draw()
-            .map_err(|e| e.to_string())?;
+        draw_axes(
+            &mut chart,
+            Axes {
+                x_labels: 11,
+                y_labels: 6,
+                x_tick: &|x| if *x == 0.0 { "now".to_owned() } else { format!("{x:.0} s") },
+                y_tick: &|y| format::axis_seconds(*y),
+                descriptions: Some(("time relative to now", "TTFT p95")),
+                // ~13px text.
+                font_size: 16,
+            },
+        )?;
 
         let legend_font = ("sans-serif", 16).into_font().color(&RGBColor(0x20, 0x24, 0x28));
         for (i, (label, pts)) in lines.into_iter().enumerate() {
-            let c = colour(i);
-            // A lone point draws no line segment; a dot shows the replica is there.
-            let point_size = if pts.len() < 2 { 3 } else { 0 };
-            chart
-                .draw_series(LineSeries::new(pts, c.stroke_width(2)).point_size(point_size))
-                .map_err(|e| e.to_string())?;
+            let c = draw_line(&mut chart, i, &pts)?;
             let y = 22 + 24 * i as i32;
             legend_area
                 .draw(&PathElement::new(vec![(4, y), (22, y)], c.stroke_width(3)))
@@ -261,8 +293,6 @@ fn render_history(
     {
         let root = SVGBackend::with_string(&mut svg, (HISTORY_WIDTH, HISTORY_HEIGHT)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let axis_colour = RGBColor(0x5f, 0x63, 0x68);
-        let label_font = ("sans-serif", 15).into_font().color(&axis_colour);
         let mut chart = ChartBuilder::on(&root)
             .margin_top(22)
             .margin_right(14)
@@ -272,18 +302,17 @@ fn render_history(
             .y_label_area_size(56)
             .build_cartesian_2d(x_left..0.0, 0.0..y_top)
             .map_err(|e| e.to_string())?;
-        chart
-            .configure_mesh()
-            .bold_line_style(RGBColor(0xe3, 0xe5, 0xe8))
-            .light_line_style(RGBColor(0xf3, 0xf4, 0xf6))
-            .axis_style(RGBColor(0xc4, 0xc7, 0xcc))
-            .x_labels(7)
-            .y_labels(5)
-            .x_label_formatter(&|x| relative_tick(*x, window_s))
-            .y_label_formatter(&|y| unit.tick(*y))
-            .label_style(label_font.clone())
-            .draw()
-            .map_err(|e| e.to_string())?;
+        draw_axes(
+            &mut chart,
+            Axes {
+                x_labels: 7,
+                y_labels: 5,
+                x_tick: &|x| relative_tick(*x, window_s),
+                y_tick: &|y| unit.tick(*y),
+                descriptions: None,
+                font_size: 15,
+            },
+        )?;
         // Markers first, so the lines stay on top of them.
         let marker_colour = RGBColor(0x8e, 0x44, 0xad);
         for (ts, label) in markers {
@@ -312,11 +341,7 @@ fn render_history(
         }
         let legend_font = ("sans-serif", 15).into_font().color(&RGBColor(0x20, 0x24, 0x28));
         for (i, (label, pts)) in lines.iter().enumerate() {
-            let c = colour(i);
-            let point_size = if pts.len() < 2 { 3 } else { 0 };
-            chart
-                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)).point_size(point_size))
-                .map_err(|e| e.to_string())?;
+            let c = draw_line(&mut chart, i, pts)?;
             let x = 70 + 150 * i as i32;
             root.draw(&PathElement::new(vec![(x, 10), (x + 16, 10)], c.stroke_width(3)))
                 .map_err(|e| e.to_string())?;
