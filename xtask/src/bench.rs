@@ -13,13 +13,19 @@
 //! scheduling. Throughput runs use 64 connections. The proxies' CPU time per request (from /proc) is
 //! printed beside, a figure the scheduling noise hardly moves.
 //!
+//! The `fast` workload then runs again with every process (wrk, replicas, proxies) pinned to one CPU
+//! (`taskset`). On a VM, waking a process on another CPU is slow (on the 2-vCPU Firecracker VM this was
+//! written on, a direct request's p50 is about 90 us with the processes free and about 20 us pinned), and
+//! a proxy adds two such wake-ups before doing any work: nginx alone then adds 50-60 us. Pinned, the
+//! figures are what the proxies themselves cost, and they hardly move between rounds.
+//!
 //! Last, each proxy runs once more under valgrind's callgrind for the `fast` workload: user-space
 //! instructions per request, a count the host cannot move at all (this VM has no hardware counters
 //! for `perf stat`). It is the figure to compare two versions of the router by.
+//!
 //! Targets: added p50 <= 50 us, added p99 <= 500 us, req/s >= 0.8 x nginx, judged on the `fast` workload
-//! (the proxies' own cost) and printed as met or MISSED under its table, beside nginx's figures: on a VM
-//! where waking a process on another core is slow, every proxy's two extra hops cost tens of microseconds
-//! before it does any work, and nginx's added latency shows how much. Not part of CI.
+//! (the proxies' own cost) and printed as met or MISSED under both of its tables, beside nginx's figures.
+//! Not part of CI.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -43,6 +49,59 @@ fn bench_rounds() -> usize {
 /// Router worker threads (override with FLEET_BENCH_ROUTER_THREADS to compare).
 fn router_threads() -> String {
     std::env::var("FLEET_BENCH_ROUTER_THREADS").unwrap_or_else(|_| "1".to_owned())
+}
+
+/// Where the benchmarked processes run while they are measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// Wherever the kernel schedules them: the deployment-like case.
+    Free,
+    /// Every process (wrk, replicas, proxies) on this one CPU. On a VM where waking a process on another
+    /// CPU is slow, this takes those wake-ups out and leaves what the proxies themselves cost.
+    OneCpu(usize),
+}
+
+impl Placement {
+    /// The last CPU, or None on a one-CPU machine (where pinning changes nothing).
+    fn one_cpu() -> Option<Self> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cpus > 1).then(|| Placement::OneCpu(cpus - 1))
+    }
+
+    /// A command for `program`, under `taskset -c CPU` when pinned.
+    fn command(self, program: &str) -> Command {
+        match self {
+            Placement::Free => Command::new(program),
+            Placement::OneCpu(cpu) => {
+                let mut command = Command::new("taskset");
+                command.args(["-c", &cpu.to_string(), program]);
+                command
+            }
+        }
+    }
+
+    /// Moves running processes (every thread of each) here.
+    fn apply(self, pids: &[u32]) -> Result<()> {
+        let Placement::OneCpu(cpu) = self else { return Ok(()) };
+        for pid in pids {
+            let status = Command::new("taskset")
+                .args(["-a", "-p", "-c", &cpu.to_string(), &pid.to_string()])
+                .stdout(Stdio::null())
+                .status()
+                .map_err(|e| format!("cannot run taskset: {e}"))?;
+            if !status.success() {
+                return Err(format!("taskset could not pin process {pid} to CPU {cpu}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Placement::Free => "processes placed by the kernel".to_owned(),
+            Placement::OneCpu(cpu) => format!("every process pinned to CPU {cpu} (taskset)"),
+        }
+    }
 }
 
 /// A child process stopped on drop: SIGTERM first, so that nginx's master takes its workers
@@ -158,8 +217,9 @@ fn parse_wrk(text: &str) -> Option<WrkResult> {
     complete.then_some(result)
 }
 
-fn wrk(url: &str, script: &Path, connections: u32, seconds: u32) -> Result<WrkResult> {
-    let output = Command::new("wrk")
+fn wrk(url: &str, script: &Path, connections: u32, seconds: u32, placement: Placement) -> Result<WrkResult> {
+    let output = placement
+        .command("wrk")
         .args([
             "-t1",
             &format!("-c{connections}"),
@@ -338,109 +398,26 @@ fn router_bench() -> Result<()> {
         ("nginx", format!("http://127.0.0.1:{nginx_port}"), Some(nginx_pid)),
         ("router", format!("http://127.0.0.1:{router_port}"), Some(router_pid)),
     ];
-    let rounds = bench_rounds();
     println!(
         "\nfleet-router bench: 2 fleet-sim replicas, wrk -t1, router --worker-threads {}, nginx worker_processes 1",
         router_threads()
     );
     println!(
-        "latency: {rounds} rounds x {LATENCY_SECONDS} s per target at 1 connection, targets interleaved, median of \
+        "latency: {} rounds x {LATENCY_SECONDS} s per target at 1 connection, targets interleaved, median of \
          the rounds (added = proxy minus direct in the same round); throughput: {THROUGHPUT_ROUNDS} rounds x \
-         {THROUGHPUT_SECONDS} s at 64 connections; cpu = the proxy's user/system time per request at 1 connection\n"
+         {THROUGHPUT_SECONDS} s at 64 connections; cpu = the proxy's user/system time per request at 1 connection\n",
+        bench_rounds()
     );
     for (workload, script) in [("fast", &fast), ("gen", &generate)] {
-        // Warm every path (connection pools, caches) before measuring.
-        for (_, url, _) in &targets {
-            let _ = Command::new("wrk")
-                .args(["-t1", "-c8", "-d2s", "-s", &script.to_string_lossy(), url])
-                .output();
-        }
-        let mut samples: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
-        for round in 0..rounds {
-            // Rotate the order so no target always runs first (or right after another).
-            let mut direct = None;
-            let mut results = vec![None; targets.len()];
-            for k in 0..targets.len() {
-                let i = (round + k) % targets.len();
-                let (_, url, pid) = &targets[i];
-                let pids = pid.map(serving_pids).unwrap_or_default();
-                let before: Vec<_> = pids.iter().filter_map(|p| cpu_seconds(*p)).collect();
-                let result = wrk(url, script, 1, LATENCY_SECONDS)?;
-                let after: Vec<_> = pids.iter().filter_map(|p| cpu_seconds(*p)).collect();
-                if !pids.is_empty() && before.len() == after.len() {
-                    let used = |pick: fn(&(f64, f64)) -> f64| {
-                        after.iter().zip(&before).map(|(a, b)| pick(a) - pick(b)).sum::<f64>() * 1e6
-                            / result.requests
-                    };
-                    samples[i].cpu_user_us.push(used(|t| t.0));
-                    samples[i].cpu_system_us.push(used(|t| t.1));
-                }
-                if i == 0 {
-                    direct = Some(result);
-                }
-                results[i] = Some(result);
-            }
-            let direct = direct.ok_or("no direct run")?;
-            for (i, result) in results.into_iter().enumerate() {
-                let result = result.ok_or("a target did not run")?;
-                samples[i].p50_us.push(result.p50_us);
-                samples[i].p99_us.push(result.p99_us);
-                samples[i].added_p50_us.push(result.p50_us - direct.p50_us);
-                samples[i].added_p99_us.push(result.p99_us - direct.p99_us);
-            }
-        }
-        for round in 0..THROUGHPUT_ROUNDS {
-            for k in 0..targets.len() {
-                let i = (round + k) % targets.len();
-                samples[i].rps.push(wrk(&targets[i].1, script, 64, THROUGHPUT_SECONDS)?.rps);
-            }
-        }
-        let nginx_rps = median(&mut samples[1].rps.clone());
-        println!("workload {workload}:");
-        println!(
-            "  {:<8} {:>8} {:>8} {:>10} {:>17} {:>10} {:>9} {:>7} {:>14}",
-            "target",
-            "p50 us",
-            "p99 us",
-            "added p50",
-            "(min..max)",
-            "added p99",
-            "req/s",
-            "x nginx",
-            "cpu us/req"
-        );
-        for ((name, _, _), s) in targets.iter().zip(&mut samples) {
-            let range = if s.added_p50_us.is_empty() {
-                String::new()
-            } else {
-                let low = s.added_p50_us.iter().copied().fold(f64::INFINITY, f64::min);
-                let high = s.added_p50_us.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                format!("({low:.0}..{high:.0})")
-            };
-            let rps = median(&mut s.rps);
-            let cpu = if s.cpu_user_us.is_empty() {
-                "-".to_owned()
-            } else {
-                format!("{:.1}u + {:.1}s", median(&mut s.cpu_user_us), median(&mut s.cpu_system_us))
-            };
-            println!(
-                "  {name:<8} {:>8.1} {:>8.1} {:>10.1} {range:>17} {:>10.1} {rps:>9.0} {:>7.2} {cpu:>14}",
-                median(&mut s.p50_us),
-                median(&mut s.p99_us),
-                median(&mut s.added_p50_us),
-                median(&mut s.added_p99_us),
-                rps / nginx_rps,
-            );
-        }
-        if workload == "fast" {
-            // The fast workload isolates the proxies' own cost, so the targets are judged on it.
-            let router = Verdict::of(&mut samples[2], nginx_rps);
-            let nginx = Verdict::of(&mut samples[1], nginx_rps);
-            for line in router.against_targets(&nginx) {
-                println!("  {line}");
-            }
-        }
-        println!();
+        measure(workload, script, &targets, Placement::Free)?;
+    }
+    // The same fast workload with every process on one CPU: what the proxies cost without the VM's
+    // cross-CPU wake-ups (the gen workload's figures are the replica's timer jitter either way).
+    if let Some(one_cpu) = Placement::one_cpu() {
+        let mut running: Vec<u32> = guards.iter().map(|guard| guard.0.id()).collect();
+        running.extend(serving_pids(nginx_pid));
+        one_cpu.apply(&running)?;
+        measure("fast", &fast, &targets, one_cpu)?;
     }
     let router_instructions = instructions_per_request(&dir, &fast, |port| {
         let mut args = router_args.clone();
@@ -463,6 +440,109 @@ fn router_bench() -> Result<()> {
     );
     drop(guards);
     let _ = fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// A target: its name, its URL and the process whose CPU time its requests cost (none for direct).
+type Target = (&'static str, String, Option<u32>);
+
+/// Measures one workload against every target (latency rounds, then throughput) and prints its table;
+/// under the `fast` workload's table, the router's figures against the targets.
+fn measure(workload: &str, script: &Path, targets: &[Target], placement: Placement) -> Result<()> {
+    let rounds = bench_rounds();
+    // Warm every path (connection pools, caches) before measuring.
+    for (_, url, _) in targets {
+        let _ = placement
+            .command("wrk")
+            .args(["-t1", "-c8", "-d2s", "-s", &script.to_string_lossy(), url])
+            .output();
+    }
+    let mut samples: Vec<Samples> = targets.iter().map(|_| Samples::default()).collect();
+    for round in 0..rounds {
+        // Rotate the order so no target always runs first (or right after another).
+        let mut direct = None;
+        let mut results = vec![None; targets.len()];
+        for k in 0..targets.len() {
+            let i = (round + k) % targets.len();
+            let (_, url, pid) = &targets[i];
+            let pids = pid.map(serving_pids).unwrap_or_default();
+            let before: Vec<_> = pids.iter().filter_map(|p| cpu_seconds(*p)).collect();
+            let result = wrk(url, script, 1, LATENCY_SECONDS, placement)?;
+            let after: Vec<_> = pids.iter().filter_map(|p| cpu_seconds(*p)).collect();
+            if !pids.is_empty() && before.len() == after.len() {
+                let used = |pick: fn(&(f64, f64)) -> f64| {
+                    after.iter().zip(&before).map(|(a, b)| pick(a) - pick(b)).sum::<f64>() * 1e6
+                        / result.requests
+                };
+                samples[i].cpu_user_us.push(used(|t| t.0));
+                samples[i].cpu_system_us.push(used(|t| t.1));
+            }
+            if i == 0 {
+                direct = Some(result);
+            }
+            results[i] = Some(result);
+        }
+        let direct = direct.ok_or("no direct run")?;
+        for (i, result) in results.into_iter().enumerate() {
+            let result = result.ok_or("a target did not run")?;
+            samples[i].p50_us.push(result.p50_us);
+            samples[i].p99_us.push(result.p99_us);
+            samples[i].added_p50_us.push(result.p50_us - direct.p50_us);
+            samples[i].added_p99_us.push(result.p99_us - direct.p99_us);
+        }
+    }
+    for round in 0..THROUGHPUT_ROUNDS {
+        for k in 0..targets.len() {
+            let i = (round + k) % targets.len();
+            samples[i].rps.push(wrk(&targets[i].1, script, 64, THROUGHPUT_SECONDS, placement)?.rps);
+        }
+    }
+    let nginx_rps = median(&mut samples[1].rps.clone());
+    println!("workload {workload}, {}:", placement.describe());
+    println!(
+        "  {:<8} {:>8} {:>8} {:>10} {:>17} {:>10} {:>9} {:>7} {:>14}",
+        "target",
+        "p50 us",
+        "p99 us",
+        "added p50",
+        "(min..max)",
+        "added p99",
+        "req/s",
+        "x nginx",
+        "cpu us/req"
+    );
+    for ((name, _, _), s) in targets.iter().zip(&mut samples) {
+        let range = if s.added_p50_us.is_empty() {
+            String::new()
+        } else {
+            let low = s.added_p50_us.iter().copied().fold(f64::INFINITY, f64::min);
+            let high = s.added_p50_us.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!("({low:.0}..{high:.0})")
+        };
+        let rps = median(&mut s.rps);
+        let cpu = if s.cpu_user_us.is_empty() {
+            "-".to_owned()
+        } else {
+            format!("{:.1}u + {:.1}s", median(&mut s.cpu_user_us), median(&mut s.cpu_system_us))
+        };
+        println!(
+            "  {name:<8} {:>8.1} {:>8.1} {:>10.1} {range:>17} {:>10.1} {rps:>9.0} {:>7.2} {cpu:>14}",
+            median(&mut s.p50_us),
+            median(&mut s.p99_us),
+            median(&mut s.added_p50_us),
+            median(&mut s.added_p99_us),
+            rps / nginx_rps,
+        );
+    }
+    if workload == "fast" {
+        // The fast workload isolates the proxies' own cost, so the targets are judged on it.
+        let router = Verdict::of(&mut samples[2], nginx_rps);
+        let nginx = Verdict::of(&mut samples[1], nginx_rps);
+        for line in router.against_targets(&nginx) {
+            println!("  {line}");
+        }
+    }
+    println!();
     Ok(())
 }
 
@@ -493,10 +573,10 @@ fn instructions_per_request(
     // Programs start slowly under valgrind.
     wait_for_port(port, Duration::from_secs(60))?;
     let url = format!("http://127.0.0.1:{port}");
-    wrk(&url, script, 1, 2)?;
+    wrk(&url, script, 1, 2, Placement::Free)?;
     let pid = guard.0.id().to_string();
     callgrind_control(&["--zero", &pid])?;
-    let measured = wrk(&url, script, 1, CALLGRIND_SECONDS)?;
+    let measured = wrk(&url, script, 1, CALLGRIND_SECONDS, Placement::Free)?;
     callgrind_control(&["--dump=measured", &pid])?;
     // The dump is written as OUT.1 (the first dump of the run).
     let dump = PathBuf::from(format!("{}.1", out.display()));
