@@ -173,6 +173,13 @@ pub struct ReplicaGauges {
     pub idle_connections: u64,
 }
 
+/// The entry of the replica at `url` in a per-replica map, made on first use and kept for as long as the
+/// router runs (a replica removed and added again finds its own).
+fn replica_entry<T>(map: &Mutex<BTreeMap<String, Arc<T>>>, url: &str, make: impl FnOnce() -> T) -> Arc<T> {
+    let mut map = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    map.entry(url.to_owned()).or_insert_with(|| Arc::new(make())).clone()
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self {
@@ -193,18 +200,13 @@ impl Metrics {
     /// The time-to-first-byte histogram of the replica at `url` (kept, like [`Metrics::requests_of`], for
     /// as long as the router runs).
     pub fn first_byte_of(&self, url: &str) -> Arc<Histogram> {
-        let mut first_byte = self.first_byte.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        first_byte
-            .entry(url.to_owned())
-            .or_insert_with(|| Arc::new(Histogram::new(FIRST_BYTE_BUCKETS)))
-            .clone()
+        replica_entry(&self.first_byte, url, || Histogram::new(FIRST_BYTE_BUCKETS))
     }
 
     /// The answer counters of the replica at `url`: the same ones for as long as the router runs, so a
     /// replica removed and added again keeps counting where it left off.
     pub fn requests_of(&self, url: &str) -> Arc<StatusCounts> {
-        let mut requests = self.requests.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        requests.entry(url.to_owned()).or_default().clone()
+        replica_entry(&self.requests, url, StatusCounts::default)
     }
 
     /// Counts one pick: its latency, branch and estimated hit.

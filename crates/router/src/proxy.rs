@@ -193,11 +193,7 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
                 let first_byte = started.elapsed();
                 replica.first_byte.observe(first_byte);
                 let ttft_ms = first_byte.as_secs_f64() * 1e3;
-                let attempts_urls = if tried.len() > 1 {
-                    tried.iter().filter_map(|id| fleet.replica(*id).map(|r| r.spec.url.clone())).collect()
-                } else {
-                    Vec::new()
-                };
+                let attempts_urls = if tried.len() > 1 { urls_of(&fleet, &tried) } else { Vec::new() };
                 // Committed: no more retries, so the ticket's view of the request moves into the trace.
                 let view = std::mem::take(&mut ticket.view);
                 let first_block = view.block_hashes.first().copied();
@@ -253,8 +249,7 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
     );
     // The failure is in the decision log too, so the id in the answer leads an operator to the pick and
     // every replica tried. Not in the prefix heat: nothing was served.
-    let tried_urls: Vec<String> =
-        tried.iter().filter_map(|id| fleet.replica(*id).map(|r| r.spec.url.clone())).collect();
+    let tried_urls = urls_of(&fleet, &tried);
     let replica = tried_urls.last().cloned().unwrap_or_default();
     state.remember_decision(
         DecisionRecord {
@@ -315,6 +310,11 @@ fn panic_route(
         candidates,
         notes: vec!["health checks failed for every replica".to_owned()],
     })
+}
+
+/// The URLs of the replicas `tried`, in order (those still in the fleet), for the decision log.
+fn urls_of(fleet: &FleetView, tried: &[ReplicaId]) -> Vec<String> {
+    tried.iter().filter_map(|id| fleet.replica(*id).map(|replica| replica.spec.url.clone())).collect()
 }
 
 /// The next replica to try: healthy, not tried yet, least outstanding first (engine order breaks ties).

@@ -111,6 +111,13 @@ struct IdleConnection {
     since: Instant,
 }
 
+impl IdleConnection {
+    /// Not worth keeping at `now`: the replica closed it, or it has been idle longer than `idle_timeout`.
+    fn is_stale(&self, now: Instant, idle_timeout: Duration) -> bool {
+        self.sender.is_closed() || now.saturating_duration_since(self.since) > idle_timeout
+    }
+}
+
 impl IdleConnections {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<IdleConnection>> {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -119,11 +126,12 @@ impl IdleConnections {
     /// A connection ready for a request, if one is idle. Closed and stale ones are dropped on the way;
     /// one still finishing its last answer stays for later.
     fn take(&self, idle_timeout: Duration) -> Option<SendRequest<Full<Bytes>>> {
+        let now = Instant::now();
         let mut idle = self.lock();
         let mut busy = Vec::new();
         let mut ready = None;
         while let Some(connection) = idle.pop() {
-            if connection.sender.is_closed() || connection.since.elapsed() > idle_timeout {
+            if connection.is_stale(now, idle_timeout) {
                 continue;
             }
             if connection.sender.is_ready() {
@@ -147,9 +155,7 @@ impl IdleConnections {
     /// returns how many stay. Dropping the last sender of a connection closes it.
     fn close_stale(&self, now: Instant, idle_timeout: Duration) -> usize {
         let mut idle = self.lock();
-        idle.retain(|connection| {
-            !connection.sender.is_closed() && now.saturating_duration_since(connection.since) <= idle_timeout
-        });
+        idle.retain(|connection| !connection.is_stale(now, idle_timeout));
         idle.len()
     }
 }
