@@ -238,13 +238,7 @@ async fn decisions_state_trace_and_metrics_show_the_traffic() -> Result<()> {
     // cache_aware_approx keeps the shared prefix on one replica.
     assert!(served.iter().all(|url| *url == served[0]), "{served:?}");
 
-    let decisions: Value = http
-        .get(format!("{}/admin/decisions?limit=4", router.url))
-        .bearer_auth(TOKEN)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let decisions = router.admin_get(&http, "/admin/decisions?limit=4").await?;
     let decisions = decisions.as_array().expect("a list");
     assert_eq!(decisions.len(), 4);
     assert!(decisions[0]["request_id"].as_u64() > decisions[1]["request_id"].as_u64(), "newest first");
@@ -256,8 +250,7 @@ async fn decisions_state_trace_and_metrics_show_the_traffic() -> Result<()> {
     assert_eq!(newest["decision"]["candidates"].as_array().map(Vec::len), Some(3));
     assert!(newest["decision"]["reason"].as_str().is_some_and(|r| !r.is_empty()));
 
-    let state: Value =
-        http.get(format!("{}/admin/state", router.url)).bearer_auth(TOKEN).send().await?.json().await?;
+    let state = router.admin_get(&http, "/admin/state").await?;
     assert_eq!(state["policy"]["name"], "cache_aware_approx");
     let replicas = state["replicas"].as_array().expect("replicas");
     assert_eq!(replicas.len(), 3);
@@ -339,7 +332,6 @@ async fn decisions_state_trace_and_metrics_show_the_traffic() -> Result<()> {
     Ok(())
 }
 
-/// Runs `promtool check metrics` on `text` (Debian's prometheus package provides promtool).
 #[tokio::test]
 async fn an_answers_request_id_finds_its_decision_served_or_failed() -> Result<()> {
     let working = peer_recording_replica().await?;
@@ -356,10 +348,9 @@ async fn an_answers_request_id_finds_its_decision_served_or_failed() -> Result<(
     .await?;
     let http = client();
     let decision_of = |id: String| {
-        let http = http.clone();
-        let url = format!("{}/admin/decisions?request_id={id}", router.url);
+        let (http, router) = (http.clone(), &router);
         async move {
-            let found: Value = http.get(url).bearer_auth(TOKEN).send().await?.json().await?;
+            let found = router.admin_get(&http, &format!("/admin/decisions?request_id={id}")).await?;
             let found = found.as_array().cloned().unwrap_or_default();
             assert_eq!(found.len(), 1, "{found:?}");
             anyhow::Ok(found[0].clone())
@@ -393,23 +384,17 @@ async fn an_answers_request_id_finds_its_decision_served_or_failed() -> Result<(
     assert!(attempts.contains(&broken_a.url().as_str()) && attempts.contains(&broken_b.url().as_str()));
     assert!(decision["error"].as_str().is_some_and(|e| e.contains("500")), "{decision}");
     // Nothing was served, so the prefix heat does not count it.
-    let state: Value =
-        http.get(format!("{}/admin/state", router.url)).bearer_auth(TOKEN).send().await?.json().await?;
+    let state = router.admin_get(&http, "/admin/state").await?;
     let counted: u64 =
         state["prefix_groups"].as_array().into_iter().flatten().filter_map(|g| g["requests"].as_u64()).sum();
     assert_eq!(counted, 1, "only the served request: {}", state["prefix_groups"]);
 
-    let unknown: Value = http
-        .get(format!("{}/admin/decisions?request_id=999999", router.url))
-        .bearer_auth(TOKEN)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let unknown = router.admin_get(&http, "/admin/decisions?request_id=999999").await?;
     assert_eq!(unknown, json!([]), "an id the log does not hold is an empty list");
     Ok(())
 }
 
+/// Runs `promtool check metrics` on `text` (Debian's prometheus package provides promtool).
 async fn promtool_check(text: &str) -> Result<()> {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new("promtool")

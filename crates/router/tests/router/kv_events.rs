@@ -58,20 +58,13 @@ async fn kv_precise_routes_by_the_replicas_own_kv_events() -> Result<()> {
         let body: Value = response.json().await?;
         assert!(body["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0), "{body}");
     }
-    let decisions: Value = http
-        .get(format!("{}/admin/decisions?limit=1", router.url))
-        .bearer_auth(TOKEN)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let decisions = router.admin_get(&http, "/admin/decisions?limit=1").await?;
     let chosen = decisions[0]["decision"]["candidates"]
         .as_array()
         .and_then(|c| c.iter().find(|c| c["chosen"] == true).cloned())
         .expect("a chosen candidate");
     assert!(chosen["matched_blocks"].as_u64() >= Some(10), "{chosen}");
-    let state: Value =
-        http.get(format!("{}/admin/state", router.url)).bearer_auth(TOKEN).send().await?.json().await?;
+    let state = router.admin_get(&http, "/admin/state").await?;
     let indexed = state["replicas"]
         .as_array()
         .and_then(|r| r.iter().find(|r| r["url"] == holder.as_str()))

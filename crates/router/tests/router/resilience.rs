@@ -115,13 +115,7 @@ async fn connect_failures_and_5xx_before_the_first_byte_are_retried_elsewhere() 
         .unwrap_or(0);
     assert!(retries >= 2, "{metrics}");
     // The retried decisions list their attempts.
-    let decisions: Value = http
-        .get(format!("{}/admin/decisions?limit=9", router.url))
-        .bearer_auth(TOKEN)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let decisions = router.admin_get(&http, "/admin/decisions?limit=9").await?;
     assert!(
         decisions.as_array().unwrap().iter().any(|d| d["attempts"].as_array().is_some_and(|a| a.len() >= 2))
     );

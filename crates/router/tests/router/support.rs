@@ -19,6 +19,14 @@ pub struct TestRouter {
     _stop: DropGuard,
 }
 
+impl TestRouter {
+    /// `GET path` on the router's admin API with the test token, its body read as JSON.
+    pub async fn admin_get(&self, http: &reqwest::Client, path: &str) -> Result<Value> {
+        let response = http.get(format!("{}{path}", self.url)).bearer_auth(TOKEN).send().await?;
+        Ok(response.json().await?)
+    }
+}
+
 /// Starts a router with `config` on a free loopback port.
 pub async fn router(config: RouterConfig) -> Result<TestRouter> {
     let listener = fleet_test_support::loopback_listener().await?;
