@@ -10,7 +10,7 @@ use fleet_router::{RecordConfig, RouterConfig};
 use tokio::net::TcpListener;
 
 /// mimalloc rather than glibc's malloc: the proxy allocates and frees a few dozen small objects per
-/// request, and glibc's bookkeeping for them was 14 % of the router's instructions (callgrind).
+/// request, and switching cut a proxied request from 49.2k to 46.4k user-space instructions (callgrind).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -3,9 +3,9 @@
 //!
 //! [`Routes`] is the service each connection runs: the two proxy routes go straight to
 //! [`crate::proxy::handle`], everything else (admin API, `/metrics`, `/v1/models`, wrong methods)
-//! through axum. The proxy routes are the hot path, and axum's routing, extractor and response
-//! layers cost about 2.5k of the ~49k user-space instructions a proxied request took (callgrind),
-//! for a dispatch that is two string comparisons.
+//! through axum. The proxy routes are the hot path, and skipping axum's routing, extractor and
+//! response layers there cut a proxied request from 46.4k to 43.2k user-space instructions
+//! (callgrind), for a dispatch that is two string comparisons.
 //!
 //! Why not `axum::serve`: it drives every connection with hyper-util's automatic HTTP/1-or-2 builder and
 //! no timer, so nothing bounds how long a client may take to send a request's headers; one that
