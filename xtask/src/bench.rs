@@ -2,8 +2,9 @@
 //! against nginx round-robin, over the same emulated replicas, measured with wrk in one run.
 //!
 //! Installs Debian's `nginx` and `wrk` when missing, builds the binaries with the `production` profile
-//! (fat LTO, as the router is built for deployment), starts two `fleet-sim` replicas, `fleet-router`
-//! (round_robin) and nginx (upstream round-robin, keepalive) over them, then runs wrk against each. Two workloads:
+//! (fat LTO), and the router once more with profile-guided optimisation (`cargo xtask pgo router`, the
+//! deployment build), starts two `fleet-sim` replicas, both routers (round_robin) and nginx (upstream
+//! round-robin, keepalive) over them, then runs wrk against each. Two workloads:
 //! - `fast`: a completion the replica rejects at once (`max_tokens: -1`, answered 400 with no model time),
 //!   which isolates the proxies' own cost; every proxy runs its full path (parse, pick, forward, relay).
 //! - `gen`: a one-token completion (about 7 ms of emulated model time), the realistic case.
@@ -106,10 +107,32 @@ impl Placement {
 
 /// A child process stopped on drop: SIGTERM first, so that nginx's master takes its workers
 /// down with it (a SIGKILLed master leaves them running), then SIGKILL.
-struct Guard(Child);
+pub(crate) struct Guard(Child);
+
+impl Guard {
+    /// Stops the process with SIGTERM and waits up to `grace` for it to exit by itself; an error if it
+    /// does not, or exits unsuccessfully.
+    pub(crate) fn stop(mut self, grace: Duration) -> Result<()> {
+        let pid = self.0.id();
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            match self.0.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => return Err(format!("process {pid} exited with {status} on SIGTERM")),
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(error) => return Err(format!("cannot wait for process {pid}: {error}")),
+            }
+        }
+        Err(format!("process {pid} did not exit within {} s of SIGTERM", grace.as_secs()))
+    }
+}
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return; // stopped already
+        }
         let pid = self.0.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         for _ in 0..50 {
@@ -123,13 +146,13 @@ impl Drop for Guard {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot find a free port: {e}"))?;
     listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
 }
 
 /// Starts `program` and waits for a stdout line starting with `marker`.
-fn start_and_wait(program: &Path, args: &[String], marker: &str) -> Result<Guard> {
+pub(crate) fn start_and_wait(program: &Path, args: &[String], marker: &str) -> Result<Guard> {
     let mut child = Command::new(program)
         .args(args)
         .stdout(Stdio::piped())
@@ -179,11 +202,11 @@ fn nginx_config(dir: &Path, port: u16, replicas: &[u16]) -> String {
 
 /// Latency percentiles (microseconds), requests per second and request count of one wrk run.
 #[derive(Debug, Clone, Copy)]
-struct WrkResult {
+pub(crate) struct WrkResult {
     p50_us: f64,
     p99_us: f64,
     rps: f64,
-    requests: f64,
+    pub(crate) requests: f64,
 }
 
 fn parse_duration_us(text: &str) -> Option<f64> {
@@ -201,7 +224,7 @@ fn parse_duration_us(text: &str) -> Option<f64> {
 }
 
 /// Reads wrk's `--latency` report.
-fn parse_wrk(text: &str) -> Option<WrkResult> {
+pub(crate) fn parse_wrk(text: &str) -> Option<WrkResult> {
     let mut result = WrkResult { p50_us: f64::NAN, p99_us: f64::NAN, rps: f64::NAN, requests: f64::NAN };
     for line in text.lines() {
         let mut words = line.split_whitespace();
@@ -302,23 +325,23 @@ impl Verdict {
     }
 
     /// One line per target: the router's figure, the target, met or missed, and nginx's figure.
-    fn against_targets(&self, nginx: &Verdict) -> [String; 3] {
+    fn against_targets(&self, name: &str, nginx: &Verdict) -> [String; 3] {
         let mark = |met: bool| if met { "met" } else { "MISSED" };
         [
             format!(
-                "target added p50 <= {TARGET_ADDED_P50_US:.0} us: router {:.0} us, {} (nginx adds {:.0} us)",
+                "target added p50 <= {TARGET_ADDED_P50_US:.0} us: {name} {:.0} us, {} (nginx adds {:.0} us)",
                 self.added_p50_us,
                 mark(self.added_p50_us <= TARGET_ADDED_P50_US),
                 nginx.added_p50_us
             ),
             format!(
-                "target added p99 <= {TARGET_ADDED_P99_US:.0} us: router {:.0} us, {} (nginx adds {:.0} us)",
+                "target added p99 <= {TARGET_ADDED_P99_US:.0} us: {name} {:.0} us, {} (nginx adds {:.0} us)",
                 self.added_p99_us,
                 mark(self.added_p99_us <= TARGET_ADDED_P99_US),
                 nginx.added_p99_us
             ),
             format!(
-                "target req/s >= {TARGET_RPS_X_NGINX} x nginx: router {:.2} x, {}",
+                "target req/s >= {TARGET_RPS_X_NGINX} x nginx: {name} {:.2} x, {}",
                 self.rps_x_nginx,
                 mark(self.rps_x_nginx >= TARGET_RPS_X_NGINX)
             ),
@@ -326,13 +349,14 @@ impl Verdict {
     }
 }
 
-fn write_script(dir: &Path, name: &str, body: &str) -> Result<PathBuf> {
-    let path = dir.join(format!("{name}.lua"));
+/// Writes a wrk script that POSTs the JSON `body` to `path`; returns the script's file.
+pub(crate) fn wrk_script(dir: &Path, name: &str, path: &str, body: &str) -> Result<PathBuf> {
+    let file = dir.join(format!("{name}.lua"));
     let script = format!(
-        "wrk.method = \"POST\"\nwrk.path = \"/v1/completions\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = '{body}'\n"
+        "wrk.method = \"POST\"\nwrk.path = \"{path}\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = '{body}'\n"
     );
-    fs::write(&path, script).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    Ok(path)
+    fs::write(&file, script).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    Ok(file)
 }
 
 /// Runs the router benchmark.
@@ -349,6 +373,8 @@ fn router_bench() -> Result<()> {
     // that they are no slower than in a real deployment's emulation.
     run(cargo(), &["build", "--profile", "production", "-p", "fleet-sim", "-p", "fleet-router"], &[])?;
     let bin = target_dir().join("production");
+    // The same router built with profile-guided optimisation (`cargo xtask pgo router`), measured beside.
+    let pgo_router = crate::pgo::build_router(None)?;
     let dir = std::env::temp_dir().join(format!("fleet-router-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
 
@@ -363,20 +389,29 @@ fn router_bench() -> Result<()> {
         guards.push(start_and_wait(&bin.join("fleet-sim"), &args, "replica 0 serving")?);
         replica_ports.push(port);
     }
-    let router_port = free_port()?;
     // One worker thread, as nginx below runs one worker process: on this small machine the
     // router shares the cores with wrk and the replicas.
-    let mut router_args = vec![
-        "--listen".to_owned(),
-        format!("127.0.0.1:{router_port}"),
-        "--worker-threads".to_owned(),
-        router_threads(),
-    ];
-    for port in &replica_ports {
-        router_args.push("--replica".to_owned());
-        router_args.push(format!("http://127.0.0.1:{port}"));
+    let router_args = |port: u16| {
+        let mut args = vec![
+            "--listen".to_owned(),
+            format!("127.0.0.1:{port}"),
+            "--worker-threads".to_owned(),
+            router_threads(),
+        ];
+        for replica in &replica_ports {
+            args.push("--replica".to_owned());
+            args.push(format!("http://127.0.0.1:{replica}"));
+        }
+        args
+    };
+    let routers = [("router", bin.join("fleet-router")), ("router+pgo", pgo_router)];
+    let mut router_targets = Vec::new();
+    for (name, program) in &routers {
+        let port = free_port()?;
+        let router = start_and_wait(program, &router_args(port), "fleet-router listening")?;
+        router_targets.push((*name, format!("http://127.0.0.1:{port}"), Some(router.0.id())));
+        guards.push(router);
     }
-    guards.push(start_and_wait(&bin.join("fleet-router"), &router_args, "fleet-router listening")?);
     let nginx_port = free_port()?;
     let config = dir.join("nginx.conf");
     fs::write(&config, nginx_config(&dir, nginx_port, &replica_ports)).map_err(|e| e.to_string())?;
@@ -386,18 +421,19 @@ fn router_bench() -> Result<()> {
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| format!("cannot start nginx: {e}"))?;
+    let nginx_pid = nginx.id();
     guards.push(Guard(nginx));
     wait_for_port(nginx_port, Duration::from_secs(10))?;
 
-    let fast = write_script(&dir, "fast", r#"{"prompt": "hello", "max_tokens": -1}"#)?;
-    let generate = write_script(&dir, "gen", r#"{"prompt": "hello there", "max_tokens": 1}"#)?;
-    let nginx_pid = guards.last().map(|guard| guard.0.id()).ok_or("nginx did not start")?;
-    let router_pid = guards[guards.len() - 2].0.id();
-    let targets = [
+    let fast = wrk_script(&dir, "fast", "/v1/completions", r#"{"prompt": "hello", "max_tokens": -1}"#)?;
+    let generate =
+        wrk_script(&dir, "gen", "/v1/completions", r#"{"prompt": "hello there", "max_tokens": 1}"#)?;
+    // Direct first and nginx second: `measure` reads the rest as routers.
+    let mut targets = vec![
         ("direct", format!("http://127.0.0.1:{}", replica_ports[0]), None),
         ("nginx", format!("http://127.0.0.1:{nginx_port}"), Some(nginx_pid)),
-        ("router", format!("http://127.0.0.1:{router_port}"), Some(router_pid)),
     ];
+    targets.extend(router_targets);
     println!(
         "\nfleet-router bench: 2 fleet-sim replicas, wrk -t1, router --worker-threads {}, nginx worker_processes 1",
         router_threads()
@@ -419,11 +455,6 @@ fn router_bench() -> Result<()> {
         one_cpu.apply(&running)?;
         measure("fast", &fast, &targets, one_cpu)?;
     }
-    let router_instructions = instructions_per_request(&dir, &fast, |port| {
-        let mut args = router_args.clone();
-        args[1] = format!("127.0.0.1:{port}"); // the value of --listen
-        (bin.join("fleet-router").to_string_lossy().into_owned(), args)
-    })?;
     let nginx_instructions = instructions_per_request(&dir, &fast, |port| {
         let config = dir.join("nginx-callgrind.conf");
         let text = nginx_config(&dir, port, &replica_ports)
@@ -433,10 +464,16 @@ fn router_bench() -> Result<()> {
         let args = ["-c", &config.to_string_lossy(), "-p", &dir.to_string_lossy()].map(str::to_owned);
         ("nginx".to_owned(), args.to_vec())
     })?;
+    let mut counts = vec![format!("nginx {nginx_instructions:.0}")];
+    for (name, program) in &routers {
+        let instructions = instructions_per_request(&dir, &fast, |port| {
+            (program.to_string_lossy().into_owned(), router_args(port))
+        })?;
+        counts.push(format!("{name} {instructions:.0} ({:.2} x nginx)", instructions / nginx_instructions));
+    }
     println!(
-        "user-space instructions per request (callgrind, fast workload, 1 connection): router {router_instructions:.0}, \
-         nginx {nginx_instructions:.0} ({:.2} x nginx)",
-        router_instructions / nginx_instructions
+        "user-space instructions per request (callgrind, fast workload, 1 connection): {}",
+        counts.join(", ")
     );
     drop(guards);
     let _ = fs::remove_dir_all(&dir);
@@ -447,7 +484,8 @@ fn router_bench() -> Result<()> {
 type Target = (&'static str, String, Option<u32>);
 
 /// Measures one workload against every target (latency rounds, then throughput) and prints its table;
-/// under the `fast` workload's table, the router's figures against the targets.
+/// under the `fast` workload's table, each router's figures against the targets. `targets` are direct,
+/// nginx, then the routers.
 fn measure(workload: &str, script: &Path, targets: &[Target], placement: Placement) -> Result<()> {
     let rounds = bench_rounds();
     // Warm every path (connection pools, caches) before measuring.
@@ -500,7 +538,7 @@ fn measure(workload: &str, script: &Path, targets: &[Target], placement: Placeme
     let nginx_rps = median(&mut samples[1].rps.clone());
     println!("workload {workload}, {}:", placement.describe());
     println!(
-        "  {:<8} {:>8} {:>8} {:>10} {:>17} {:>10} {:>9} {:>7} {:>14}",
+        "  {:<10} {:>8} {:>8} {:>10} {:>17} {:>10} {:>9} {:>7} {:>14}",
         "target",
         "p50 us",
         "p99 us",
@@ -526,7 +564,7 @@ fn measure(workload: &str, script: &Path, targets: &[Target], placement: Placeme
             format!("{:.1}u + {:.1}s", median(&mut s.cpu_user_us), median(&mut s.cpu_system_us))
         };
         println!(
-            "  {name:<8} {:>8.1} {:>8.1} {:>10.1} {range:>17} {:>10.1} {rps:>9.0} {:>7.2} {cpu:>14}",
+            "  {name:<10} {:>8.1} {:>8.1} {:>10.1} {range:>17} {:>10.1} {rps:>9.0} {:>7.2} {cpu:>14}",
             median(&mut s.p50_us),
             median(&mut s.p99_us),
             median(&mut s.added_p50_us),
@@ -536,10 +574,11 @@ fn measure(workload: &str, script: &Path, targets: &[Target], placement: Placeme
     }
     if workload == "fast" {
         // The fast workload isolates the proxies' own cost, so the targets are judged on it.
-        let router = Verdict::of(&mut samples[2], nginx_rps);
         let nginx = Verdict::of(&mut samples[1], nginx_rps);
-        for line in router.against_targets(&nginx) {
-            println!("  {line}");
+        for ((name, _, _), router) in targets.iter().zip(&mut samples).skip(2) {
+            for line in Verdict::of(router, nginx_rps).against_targets(name, &nginx) {
+                println!("  {line}");
+            }
         }
     }
     println!();
@@ -640,7 +679,7 @@ mod tests {
     fn targets_are_judged_on_the_routers_medians() {
         let router = Verdict { added_p50_us: 51.0, added_p99_us: 500.0, rps_x_nginx: 0.8 };
         let nginx = Verdict { added_p50_us: 40.0, added_p99_us: 300.0, rps_x_nginx: 1.0 };
-        let lines = router.against_targets(&nginx);
+        let lines = router.against_targets("router", &nginx);
         assert!(lines[0].contains("router 51 us, MISSED (nginx adds 40 us)"), "{}", lines[0]);
         assert!(lines[1].contains("router 500 us, met"), "{}", lines[1]);
         assert!(lines[2].contains("router 0.80 x, met"), "{}", lines[2]);

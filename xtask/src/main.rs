@@ -6,6 +6,7 @@
 //! only: this crate must compile in seconds on a fresh machine.
 
 mod bench;
+mod pgo;
 
 use std::env;
 use std::ffi::OsString;
@@ -46,6 +47,8 @@ commands:
                    formatting and lint checks and every test
   ui               build the UI into ui/dist only
   setup [--test]   install what is missing only
+  pgo router [--features F]
+                   build fleet-router with profile-guided optimisation (the deployment build)
   bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)";
 
 fn main() -> ExitCode {
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Some("ui") => build_ui(),
         Some("setup") => setup(args.get(1).is_some_and(|a| a == "--test")),
         Some("bench") => bench::run_bench(&args[1..]),
+        Some("pgo") => pgo::run_pgo(&args[1..]),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
