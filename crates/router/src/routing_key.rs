@@ -213,32 +213,57 @@ pub fn render_messages(messages: Option<&Value>) -> Result<String, KeyError> {
             problem: "must be a list of {\"role\", \"content\"} objects".to_owned(),
         });
     };
-    let mut out = String::new();
+    let mut out = Rendering::with_capacity(0);
     for message in messages {
-        let role = message.get("role").and_then(Value::as_str).unwrap_or("user");
-        out.push_str("<|");
-        out.push_str(role);
-        out.push_str("|>\n");
-        match message.get("content") {
-            Some(Value::String(text)) => out.push_str(text),
+        out.message(message.get("role").and_then(Value::as_str), |out| match message.get("content") {
+            Some(Value::String(text)) => out.text(text),
             Some(Value::Array(parts)) => {
                 for part in parts {
-                    match part.get("text").and_then(Value::as_str) {
-                        Some(text) => out.push_str(text),
-                        None => {
-                            let kind = part.get("type").and_then(Value::as_str).unwrap_or("part");
-                            out.push_str("<|");
-                            out.push_str(kind);
-                            out.push_str("|>");
-                        }
-                    }
+                    out.part(
+                        part.get("text").and_then(Value::as_str),
+                        part.get("type").and_then(Value::as_str),
+                    );
                 }
             }
             _ => {}
-        }
-        out.push('\n');
+        });
     }
-    Ok(out)
+    Ok(out.0)
+}
+
+/// The canonical rendering of chat messages (see the module docs), written piece by piece by either
+/// reader, so the markers and the defaults for a missing role or part text are spelled once.
+struct Rendering(String);
+
+impl Rendering {
+    fn with_capacity(capacity: usize) -> Self {
+        Self(String::with_capacity(capacity))
+    }
+
+    /// One message: its role (`user` when it names none), then whatever `content` writes.
+    fn message(&mut self, role: Option<&str>, content: impl FnOnce(&mut Self)) {
+        self.0.push_str("<|");
+        self.0.push_str(role.unwrap_or("user"));
+        self.0.push_str("|>\n");
+        content(self);
+        self.0.push('\n');
+    }
+
+    fn text(&mut self, text: &str) {
+        self.0.push_str(text);
+    }
+
+    /// One content part: its text, or else a marker naming its type (`part` when it names none).
+    fn part(&mut self, text: Option<&str>, kind: Option<&str>) {
+        match text {
+            Some(text) => self.0.push_str(text),
+            None => {
+                self.0.push_str("<|");
+                self.0.push_str(kind.unwrap_or("part"));
+                self.0.push_str("|>");
+            }
+        }
+    }
 }
 
 fn completion_prompt(prompt: Option<Value>) -> Result<Prompt<'static>, KeyError> {
@@ -268,7 +293,9 @@ mod borrowed {
     use std::fmt;
 
     use serde::Deserialize;
-    use serde::de::{Deserializer, SeqAccess, Visitor};
+    use serde::de::{self, Deserializer, SeqAccess, Visitor};
+
+    use super::Rendering;
 
     #[derive(Deserialize)]
     pub(super) struct Fields<'a> {
@@ -306,29 +333,31 @@ mod borrowed {
 
     impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
         fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            struct TextVisitor;
-            impl<'de> Visitor<'de> for TextVisitor {
-                type Value = Text<'de>;
-                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                    f.write_str("a string")
-                }
-                fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
-                    Ok(Text(Cow::Borrowed(text)))
-                }
-                fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
-                    Ok(Text(Cow::Owned(text.to_owned())))
-                }
-                fn visit_string<E>(self, text: String) -> Result<Self::Value, E> {
-                    Ok(Text(Cow::Owned(text)))
-                }
-            }
             deserializer.deserialize_str(TextVisitor)
+        }
+    }
+
+    struct TextVisitor;
+
+    impl<'de> Visitor<'de> for TextVisitor {
+        type Value = Text<'de>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
+            Ok(Text(Cow::Borrowed(text)))
+        }
+        fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
+            Ok(Text(Cow::Owned(text.to_owned())))
+        }
+        fn visit_string<E>(self, text: String) -> Result<Self::Value, E> {
+            Ok(Text(Cow::Owned(text)))
         }
     }
 
     /// A message's content: a string or a list of parts (anything else fails the fast reader).
     enum Content<'a> {
-        Text(Cow<'a, str>),
+        Text(Text<'a>),
         Parts(Vec<Part<'a>>),
     }
 
@@ -340,14 +369,15 @@ mod borrowed {
                 fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                     f.write_str("a string or a list of content parts")
                 }
-                fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Self::Value, E> {
-                    Ok(Content::Text(Cow::Borrowed(text)))
+                // Strings as `Text` reads them.
+                fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+                    TextVisitor.visit_borrowed_str(text).map(Content::Text)
                 }
-                fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
-                    Ok(Content::Text(Cow::Owned(text.to_owned())))
+                fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                    TextVisitor.visit_str(text).map(Content::Text)
                 }
-                fn visit_string<E>(self, text: String) -> Result<Self::Value, E> {
-                    Ok(Content::Text(Cow::Owned(text)))
+                fn visit_string<E: de::Error>(self, text: String) -> Result<Self::Value, E> {
+                    TextVisitor.visit_string(text).map(Content::Text)
                 }
                 fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                     let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0));
@@ -361,34 +391,26 @@ mod borrowed {
         }
     }
 
-    /// The canonical rendering (see the module docs), as `render_messages` renders JSON values.
-    /// `capacity`: the body's length, which the rendering of a usual body does not exceed (JSON
-    /// spends more bytes on keys and quotes than the rendering on its markers).
+    /// The canonical rendering of the messages. `capacity`: the body's length, which the rendering
+    /// of a usual body does not exceed (JSON spends more bytes on keys and quotes than the rendering
+    /// on its markers).
     pub(super) fn render(messages: &[Message<'_>], capacity: usize) -> String {
-        let mut out = String::with_capacity(capacity);
+        fn text<'t>(text: &'t Option<Text<'_>>) -> Option<&'t str> {
+            text.as_ref().map(|text| &*text.0)
+        }
+        let mut out = Rendering::with_capacity(capacity);
         for message in messages {
-            out.push_str("<|");
-            out.push_str(message.role.as_ref().map_or("user", |role| &role.0));
-            out.push_str("|>\n");
-            match &message.content {
-                Some(Content::Text(text)) => out.push_str(text),
+            out.message(text(&message.role), |out| match &message.content {
+                Some(Content::Text(content)) => out.text(&content.0),
                 Some(Content::Parts(parts)) => {
                     for part in parts {
-                        match &part.text {
-                            Some(text) => out.push_str(&text.0),
-                            None => {
-                                out.push_str("<|");
-                                out.push_str(part.kind.as_ref().map_or("part", |kind| &kind.0));
-                                out.push_str("|>");
-                            }
-                        }
+                        out.part(text(&part.text), text(&part.kind));
                     }
                 }
                 None => {}
-            }
-            out.push('\n');
+            });
         }
-        out
+        out.0
     }
 }
 
@@ -543,7 +565,8 @@ mod tests {
     }
 
     proptest! {
-        // About a third of the generated bodies have only the usual shapes the fast reader takes.
+        // About 30 % of the generated bodies have only the usual shapes the fast reader takes (a count
+        // of one run of 256: 74), so about 300 of the 1,024 compare the two readers.
         #![proptest_config(ProptestConfig::with_cases(1024))]
 
         /// Whatever the fast reader accepts, it keys exactly as the JSON-value reader does.
