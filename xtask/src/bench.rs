@@ -54,7 +54,7 @@ fn router_threads() -> String {
 
 /// Where the benchmarked processes run while they are measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Placement {
+pub(crate) enum Placement {
     /// Wherever the kernel schedules them: the deployment-like case.
     Free,
     /// Every process (wrk, replicas, proxies) on this one CPU. On a VM where waking a process on another
@@ -224,7 +224,7 @@ fn parse_duration_us(text: &str) -> Option<f64> {
 }
 
 /// Reads wrk's `--latency` report.
-pub(crate) fn parse_wrk(text: &str) -> Option<WrkResult> {
+fn parse_wrk(text: &str) -> Option<WrkResult> {
     let mut result = WrkResult { p50_us: f64::NAN, p99_us: f64::NAN, rps: f64::NAN, requests: f64::NAN };
     for line in text.lines() {
         let mut words = line.split_whitespace();
@@ -240,7 +240,13 @@ pub(crate) fn parse_wrk(text: &str) -> Option<WrkResult> {
     complete.then_some(result)
 }
 
-fn wrk(url: &str, script: &Path, connections: u32, seconds: u32, placement: Placement) -> Result<WrkResult> {
+pub(crate) fn wrk(
+    url: &str,
+    script: &Path,
+    connections: u32,
+    seconds: u32,
+    placement: Placement,
+) -> Result<WrkResult> {
     let output = placement
         .command("wrk")
         .args([
@@ -359,6 +365,23 @@ pub(crate) fn wrk_script(dir: &Path, name: &str, path: &str, body: &str) -> Resu
     Ok(file)
 }
 
+/// The body of the `fast` workload: a completion the replica rejects at once (see the module docs).
+pub(crate) const FAST_WORKLOAD: &str = r#"{"prompt": "hello", "max_tokens": -1}"#;
+
+/// Starts `count` fleet-sim processes of one replica each (from `bin`, the production build) on free
+/// ports; returns them and their ports.
+pub(crate) fn start_replicas(bin: &Path, count: usize) -> Result<(Vec<Guard>, Vec<u16>)> {
+    let mut replicas = Vec::new();
+    let mut ports = Vec::new();
+    for _ in 0..count {
+        let port = free_port()?;
+        let args = ["serve", "--replicas", "1", "--base-port", &port.to_string()].map(str::to_owned);
+        replicas.push(start_and_wait(&bin.join("fleet-sim"), &args, "replica 0 serving")?);
+        ports.push(port);
+    }
+    Ok((replicas, ports))
+}
+
 /// Runs the router benchmark.
 pub fn run_bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
@@ -378,17 +401,7 @@ fn router_bench() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("fleet-router-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
 
-    let mut guards = Vec::new();
-    let mut replica_ports = Vec::new();
-    for _ in 0..2 {
-        let port = free_port()?;
-        let args: Vec<String> = ["serve", "--replicas", "1", "--base-port", &port.to_string()]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        guards.push(start_and_wait(&bin.join("fleet-sim"), &args, "replica 0 serving")?);
-        replica_ports.push(port);
-    }
+    let (mut guards, replica_ports) = start_replicas(&bin, 2)?;
     // One worker thread, as nginx below runs one worker process: on this small machine the
     // router shares the cores with wrk and the replicas.
     let router_args = |port: u16| {
@@ -425,7 +438,7 @@ fn router_bench() -> Result<()> {
     guards.push(Guard(nginx));
     wait_for_port(nginx_port, Duration::from_secs(10))?;
 
-    let fast = wrk_script(&dir, "fast", "/v1/completions", r#"{"prompt": "hello", "max_tokens": -1}"#)?;
+    let fast = wrk_script(&dir, "fast", "/v1/completions", FAST_WORKLOAD)?;
     let generate =
         wrk_script(&dir, "gen", "/v1/completions", r#"{"prompt": "hello there", "max_tokens": 1}"#)?;
     // Direct first and nginx second: `measure` reads the rest as routers.

@@ -32,11 +32,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::bench::{free_port, parse_wrk, start_and_wait, wrk_script};
+use crate::bench::{FAST_WORKLOAD, Placement, free_port, start_and_wait, start_replicas, wrk, wrk_script};
 use crate::{Result, cargo, install_packages, output, run, target_dir, timed};
 
 /// Seconds of each wrk run of the training mix.
-const TRAINING_SECONDS: &str = "3";
+const TRAINING_SECONDS: u32 = 3;
 
 /// `cargo xtask pgo router [--features F]`.
 pub fn run_pgo(args: &[String]) -> Result<()> {
@@ -154,17 +154,10 @@ fn train(router: &Path) -> Result<()> {
     let bin = target_dir().join("production");
     let dir = std::env::temp_dir().join(format!("fleet-router-pgo-{}", std::process::id()));
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let mut replicas = Vec::new();
-    let mut replica_urls = Vec::new();
-    for _ in 0..2 {
-        let port = free_port()?;
-        let args = ["serve", "--replicas", "1", "--base-port", &port.to_string()].map(str::to_owned);
-        replicas.push(start_and_wait(&bin.join("fleet-sim"), &args, "replica 0 serving")?);
-        replica_urls.push(format!("http://127.0.0.1:{port}"));
-    }
+    let (replicas, replica_ports) = start_replicas(&bin, 2)?;
     let policy = dir.join("cache-aware.yaml");
     fs::write(&policy, "policy: cache_aware_approx\n").map_err(|e| e.to_string())?;
-    let fast = wrk_script(&dir, "fast", "/v1/completions", r#"{"prompt": "hello", "max_tokens": -1}"#)?;
+    let fast = wrk_script(&dir, "fast", "/v1/completions", FAST_WORKLOAD)?;
     let chat = wrk_script(
         &dir,
         "chat",
@@ -177,12 +170,12 @@ fn train(router: &Path) -> Result<()> {
         let url = format!("http://127.0.0.1:{port}");
         let mut args = vec!["--listen".to_owned(), format!("127.0.0.1:{port}")];
         args.extend(extra.iter().map(|arg| arg.to_string()));
-        for replica in &replica_urls {
-            args.extend(["--replica".to_owned(), replica.clone()]);
+        for replica in &replica_ports {
+            args.extend(["--replica".to_owned(), format!("http://127.0.0.1:{replica}")]);
         }
         let router = start_and_wait(router, &args, "fleet-router listening")?;
-        for (script, connections) in [(&fast, "1"), (&fast, "64"), (&chat, "8")] {
-            let requests = wrk_requests(&url, script, connections)?;
+        for (script, connections) in [(&fast, 1), (&fast, 64), (&chat, 8)] {
+            let requests = wrk(&url, script, connections, TRAINING_SECONDS, Placement::Free)?.requests;
             println!(
                 "xtask: training: {requests} requests of {} at {connections} connection(s)",
                 script.display()
@@ -200,22 +193,4 @@ fn train(router: &Path) -> Result<()> {
     drop(replicas);
     let _ = fs::remove_dir_all(&dir);
     Ok(())
-}
-
-/// Runs wrk for the training time and returns how many requests it completed.
-fn wrk_requests(url: &str, script: &Path, connections: &str) -> Result<f64> {
-    let output = Command::new("wrk")
-        .args(["-t1", &format!("-c{connections}"), &format!("-d{TRAINING_SECONDS}s"), "--latency", "-s"])
-        .arg(script)
-        .arg(url)
-        .output()
-        .map_err(|e| format!("cannot run wrk: {e}"))?;
-    let report = String::from_utf8_lossy(&output.stdout);
-    match parse_wrk(&report) {
-        Some(result) if output.status.success() && result.requests > 0.0 => Ok(result.requests),
-        _ => Err(format!(
-            "wrk did not train the router at {url}:\n{report}{}",
-            String::from_utf8_lossy(&output.stderr)
-        )),
-    }
 }
