@@ -16,10 +16,11 @@
 //!
 //! On a VM, waking a process on another CPU can be slow: a halted vCPU waits for the host to schedule
 //! it. The 2-vCPU Firecracker VM this was written on boots with KVM's guest halt polling off
-//! (`haltpoll.guest_halt_poll_ns=0`), so an idle vCPU halts at once and every cross-CPU wake-up costs
-//! about 30 us: a direct request's p50 is about 85 us there, 25 us with polling on. A proxy adds two
-//! such wake-ups before doing any work, so nginx alone then adds 50-110 us. Two more tables take that
-//! cost out, each for the `fast` workload:
+//! (`haltpoll.guest_halt_poll_ns=0`), so an idle vCPU halts at once and every cross-CPU wake-up waits
+//! for the host. In the run of 2026-12-04 a direct request's p50 was 83 us there and 27 us with polling
+//! on, about 28 us for each of its two wake-ups; a proxy adds two more before doing any work, and nginx
+//! alone added 59 us at p50 with polling off against 36 us with it on. Two more tables take that cost
+//! out, each for the `fast` workload:
 //! - processes free, with the guest's halt polling set to the kernel's default (200 us) for the table
 //!   and restored after it, where the machine has the haltpoll driver, boots with it off and lets the
 //!   bench (as root) write it: the deployment-like placement on a guest tuned as KVM's defaults are;
