@@ -120,10 +120,16 @@ pub async fn tauri_driver(display: &str) -> Result<Driver> {
     )
     .with_context(|| format!("cannot start {}", program.display()))?;
     let url = format!("http://127.0.0.1:{port}");
-    eventually("tauri-driver to accept connections", Duration::from_secs(30), || async {
-        Ok(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ()))
-    })
-    .await?;
+    // tauri-driver listens before the WebKitWebDriver it spawned does, and answers a request
+    // it cannot forward by closing the connection; so wait for both ports, not just its own.
+    for (what, port) in [("tauri-driver", port), ("WebKitWebDriver", native_port)] {
+        eventually(
+            &format!("{what} to accept connections on port {port}"),
+            Duration::from_secs(30),
+            || async { Ok(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok().map(|_| ())) },
+        )
+        .await?;
+    }
     Ok(Driver { _process: process, url, _profile: None })
 }
 
