@@ -4,10 +4,12 @@
 //! the command line, starts the control core (and the demo fleet when asked) on one tokio
 //! runtime, and hands it to the window or to the headless server.
 
+mod access;
 mod headless;
 mod history;
 mod probe;
 mod shell;
+mod tls_listener;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,9 +56,24 @@ struct Cli {
     /// Serve the UI and its API over HTTP instead of opening a window.
     #[arg(long)]
     headless: bool,
-    /// Address of the headless server (loopback unless you say otherwise).
+    /// Address of the headless server (loopback unless you say otherwise; beyond loopback it needs
+    /// --tls-cert and --tls-key).
     #[arg(long)]
     listen: Option<SocketAddr>,
+    /// PEM certificate chain for serving the headless UI over HTTPS.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PKCS#8 PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// A host name the headless UI is reached by besides loopback (e.g. its name on a VPN); requests
+    /// addressed to any other name are refused. Repeatable.
+    #[arg(long = "public-name")]
+    public_names: Vec<String>,
+    /// Folder the what-if may read trace files from; the UI names a file in it (no other path is
+    /// ever opened on the API's behalf).
+    #[arg(long)]
+    trace_dir: Option<PathBuf>,
     /// The SQLite history file (default: fleetdeck/history.sqlite in the user's data folder).
     #[arg(long)]
     db: Option<PathBuf>,
@@ -103,6 +120,16 @@ fn main() -> Result<()> {
         cli.router_token_files.len() <= cli.routers.len(),
         "there are more --router-token-file than --router options; give one token file per router, in order"
     );
+    if let Some(addr) = cli.listen {
+        access::check_listen(addr, cli.tls_cert.is_some()).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(dir) = &cli.trace_dir {
+        anyhow::ensure!(
+            dir.is_dir(),
+            "--trace-dir {} is not a folder; create it or pick another",
+            dir.display()
+        );
+    }
     let scrape_interval = fleetdeck_control::settings::validate_interval(cli.scrape_interval)
         .map_err(|e| anyhow::anyhow!("--scrape-interval: {e}"))?;
     let db = match &cli.db {
@@ -119,6 +146,7 @@ fn main() -> Result<()> {
     let control = runtime.block_on(async {
         let mut config = ControlConfig::new(cli.replicas.clone(), db.clone());
         config.scrape_interval = scrape_interval;
+        config.trace_dir = cli.trace_dir.clone();
         for (i, url) in cli.routers.iter().enumerate() {
             config.routers.push(RouterTarget {
                 url: url.clone(),
@@ -147,7 +175,12 @@ fn main() -> Result<()> {
         if let (false, Err(why)) = (cli.headless, &display) {
             println!("{why}: serving the UI over HTTP instead");
         }
-        let served = runtime.block_on(headless::run(cli.listen, control, context, cancel.clone()));
+        let options = headless::HeadlessOptions {
+            listen: cli.listen,
+            tls: cli.tls_cert.clone().zip(cli.tls_key.clone()),
+            public_names: cli.public_names.clone(),
+        };
+        let served = runtime.block_on(headless::run(options, control, context, cancel.clone()));
         cancel.cancel();
         return served;
     }

@@ -26,7 +26,7 @@ async fn headless_app_shows_live_replicas_and_isolates_broken_endpoints() -> Res
     let db_dir = tempfile::tempdir()?;
     let db = db_dir.path().join("history.sqlite");
     let app = spawn_headless_app(&targets, &db).await?;
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let client = app.client()?;
 
     // Traffic through the router, so the replicas have hits and TTFTs to report.
     let traffic = {
@@ -95,7 +95,7 @@ async fn headless_app_serves_the_ui_and_answers_bad_calls_with_code_and_message(
     let sim = spawn_sim(1, ModelConfig::default()).await?;
     let db_dir = tempfile::tempdir()?;
     let app = spawn_headless_app(sim.urls(), &db_dir.path().join("h.sqlite")).await?;
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let client = app.client()?;
 
     let index = client.get(&app.url).send().await?;
     assert_eq!(index.status(), 200);
@@ -111,7 +111,7 @@ async fn headless_app_serves_the_ui_and_answers_bad_calls_with_code_and_message(
     assert_eq!(error.code, "bad_request");
     assert!(error.message.contains("window_s"), "{}", error.message);
 
-    let unknown = client.post(app.api("reboot_everything")).body("{}").send().await?;
+    let unknown = client.post(app.api("reboot_everything")).json(&json!({})).send().await?;
     assert_eq!(unknown.status(), 404);
     let error: ApiError = unknown.json().await?;
     if error.code != "unknown_command" {

@@ -38,7 +38,7 @@ async fn chromium_shows_one_live_row_per_replica_and_the_ttft_chart() -> Result<
     let app = spawn_headless_app(sim.urls(), &db_dir.path().join("history.sqlite")).await?;
     let driver = chromedriver().await?;
     let browser = chromium_session(&driver).await?;
-    browser.goto(&app.url).await?;
+    browser.goto(&app.page("")).await?;
 
     let first = eventually("four replica rows with numbers", Duration::from_secs(60), || async {
         let rows = row_texts(&browser).await?;

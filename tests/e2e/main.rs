@@ -5,6 +5,8 @@
 //! - [`browser`]: headless Chromium loading the headless app's UI.
 //! - [`rollout`]: the policy loop in Chromium: edit, what-if, push, canary rollback, history.
 //! - [`desktop`]: the real Tauri window under Xvfb, driven through tauri-driver.
+//! - [`security`]: the headless app against a same-laptop attacker: no sign-in, CSRF, DNS rebinding,
+//!   local files and bodies through the API, clear text beyond loopback.
 //! - [`views`]: every view of the app in headless Chromium against the demo fleet, and the
 //!   overview's render time at 1,000 replicas.
 
@@ -13,5 +15,6 @@ mod browser;
 mod desktop;
 mod probe;
 mod rollout;
+mod security;
 mod stack;
 mod views;

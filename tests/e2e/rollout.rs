@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use fantoccini::{Client, Locator};
 use fleet_sim::{Faults, ModelConfig};
 use fleet_test_support::admin_router::spawn_admin_router;
-use fleet_test_support::process::{artifacts_dir, bin_path, spawn_and_await_line};
+use fleet_test_support::process::{artifacts_dir, spawn_headless};
 use fleet_test_support::webdriver::{chromedriver, chromium_session};
 use fleet_test_support::{RouterHandle, eventually, spawn_sim};
 use serde_json::{Value, json};
@@ -99,7 +99,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     let _traffic_b = steady_traffic(router_b.url());
 
     let dir = tempfile::tempdir()?;
-    let mut args = vec!["--headless".to_owned(), "--listen".into(), "127.0.0.1:0".into(), "--db".into()];
+    let mut args = vec!["--db".to_owned()];
     args.push(dir.path().join("history.sqlite").to_string_lossy().into_owned());
     for url in sim.urls() {
         args.extend(["--replica".to_owned(), url.clone()]);
@@ -110,20 +110,12 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
         args.extend(["--router".to_owned(), router.url()]);
         args.extend(["--router-token-file".to_owned(), token_file.to_string_lossy().into_owned()]);
     }
-    let (_app, url) = spawn_and_await_line(
-        &bin_path("fleetdeck")?,
-        &args,
-        &[("FLEETDECK_OPERATOR", "e2e-operator")],
-        "Fleetdeck UI at",
-        WAIT,
-    )
-    .await?;
-    let url = url.trim().to_owned();
+    let app = spawn_headless(&args, &[("FLEETDECK_OPERATOR", "e2e-operator")]).await?;
     let driver = chromedriver().await?;
     let browser = chromium_session(&driver).await?;
 
     // 1. Edit: pick consistent_hash, type an out-of-range load factor, then a good one.
-    browser.goto(&format!("{url}#/policy")).await?;
+    browser.goto(&app.page("#/policy")).await?;
     eventually("the policy editor with both routers", WAIT, || async {
         let rows = browser.find_all(Locator::Css("[data-testid=diff-row]")).await?;
         Ok((rows.len() == 2).then_some(()))
@@ -152,7 +144,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     screenshot(&browser, "rollout-policy.png").await?;
 
     // 2. Preview: candidate vs active on the routers' recorded traffic.
-    browser.goto(&format!("{url}#/whatif")).await?;
+    browser.goto(&app.page("#/whatif")).await?;
     let whatif = eventually("the what-if result", WAIT, || async {
         // Headings are upper-cased by CSS and WebDriver reports rendered text.
         let text = text_of(&browser, "[data-testid=whatif-result]").await?.to_lowercase();
@@ -167,7 +159,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     // 3. Push to both routers; both report the new version.
     let (v_a, _) = router_policy(&router_a).await?;
     let (v_b, _) = router_policy(&router_b).await?;
-    browser.goto(&format!("{url}#/push")).await?;
+    browser.goto(&app.page("#/push")).await?;
     eventually("both routers listed with their diff", WAIT, || async {
         let rows = browser.find_all(Locator::Css("[data-testid=diff-row]")).await?;
         Ok((rows.len() == 2).then_some(()))
@@ -254,7 +246,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     screenshot(&browser, "rollout-canary.png").await?;
 
     // 5. History: both versions, compared with deltas.
-    browser.goto(&format!("{url}#/history")).await?;
+    browser.goto(&app.page("#/history")).await?;
     let (first, canary) = eventually("the versions in the audit trail", WAIT, || async {
         let rows = browser.find_all(Locator::Css("[data-testid=history-version]")).await?;
         let mut labels = Vec::new();
@@ -291,7 +283,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     screenshot(&browser, "rollout-history.png").await?;
 
     // 6. A push whose version went stale is refused and shown so; an invalid spec reaches no router.
-    browser.goto(&format!("{url}#/push")).await?;
+    browser.goto(&app.page("#/push")).await?;
     set(&browser, "push-spec", json!("policy: consistent_hash\nparams:\n  load_factor: 2\n")).await?;
     eventually("a diff against the current versions", WAIT, || async {
         let diff = text_of(&browser, "[data-testid=push-routers]").await?;

@@ -12,42 +12,25 @@ use fantoccini::key::Key;
 use fantoccini::{Client, Locator};
 use fleet_sim::ModelConfig;
 use fleet_test_support::endpoints::garbage_metrics;
-use fleet_test_support::process::{ChildProcess, artifacts_dir, bin_path, spawn_and_await_line};
+use fleet_test_support::process::{HeadlessApp, artifacts_dir, spawn_headless};
 use fleet_test_support::webdriver::{chromedriver, chromium_session};
 use fleet_test_support::{eventually, spawn_sim};
 use fleetdeck_api::SettingsView;
 use serde_json::{Value, json};
 
-/// The headless app, serving until dropped.
-pub struct App {
-    _process: ChildProcess,
-    pub url: String,
-}
-
-impl App {
-    pub fn api(&self, command: &str) -> String {
-        format!("{}api/{command}", self.url)
-    }
-}
-
 /// Starts `fleetdeck --headless` with `extra` arguments and its history in `db_dir`.
-pub async fn headless(extra: &[&str], db_dir: &Path) -> Result<App> {
-    let mut args: Vec<String> =
-        vec!["--headless".into(), "--listen".into(), "127.0.0.1:0".into(), "--db".into()];
-    args.push(db_dir.join("history.sqlite").to_string_lossy().into_owned());
+pub async fn headless(extra: &[&str], db_dir: &Path) -> Result<HeadlessApp> {
+    let mut args = vec!["--db".to_string(), db_dir.join("history.sqlite").to_string_lossy().into_owned()];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let (process, url) =
-        spawn_and_await_line(&bin_path("fleetdeck")?, &args, &[], "Fleetdeck UI at", Duration::from_secs(90))
-            .await?;
-    Ok(App { _process: process, url })
+    spawn_headless(&args, &[]).await
 }
 
 pub fn http() -> Result<reqwest::Client> {
     Ok(reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?)
 }
 
-pub async fn call(client: &reqwest::Client, app: &App, command: &str, args: Value) -> Result<Value> {
-    let response = client.post(app.api(command)).json(&args).send().await?;
+pub async fn call(client: &reqwest::Client, app: &HeadlessApp, command: &str, args: Value) -> Result<Value> {
+    let response = client.post(app.api(command)).bearer_auth(&app.token).json(&args).send().await?;
     let status = response.status();
     let body: Value = response.json().await?;
     if !status.is_success() {
@@ -116,7 +99,7 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
 
     let driver = chromedriver().await?;
     let browser = chromium_session(&driver).await?;
-    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    browser.goto(&app.page("#/fleet")).await?;
 
     // ---- fleet overview: four tiles whose numbers move
     let first = eventually("four tiles with hit rates", Duration::from_secs(90), || async {
@@ -194,7 +177,7 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     screenshot(&browser, "view-heat.png").await?;
 
     // ---- decisions: each shows its branch and every candidate with matched blocks
-    browser.goto(&format!("{}#/decisions", app.url)).await?;
+    browser.goto(&app.page("#/decisions")).await?;
     let decision = eventually("a decision with its candidates", Duration::from_secs(30), || async {
         let Some(first) = browser.find_all(Locator::Css("[data-testid=decision]")).await?.into_iter().next()
         else {
@@ -210,7 +193,7 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     screenshot(&browser, "view-decisions.png").await?;
 
     // ---- headroom: achieved next to the pooled bound, from the recorded traffic
-    browser.goto(&format!("{}#/headroom", app.url)).await?;
+    browser.goto(&app.page("#/headroom")).await?;
     let (achieved, bound) =
         eventually("headroom figures for the demo model", Duration::from_secs(60), || async {
             let rows = browser.find_all(Locator::Css("[data-testid=headroom-model]")).await?;
@@ -234,7 +217,7 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     screenshot(&browser, "view-headroom.png").await?;
 
     // ---- replica detail: charts from the history, and a marker once the policy changes
-    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    browser.goto(&app.page("#/fleet")).await?;
     let tile = eventually("a tile to click", Duration::from_secs(30), || async {
         Ok(browser.find_all(Locator::Css("[data-testid=replica-tile]")).await?.into_iter().next())
     })
@@ -275,7 +258,7 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     browser.find(Locator::Css("[data-testid=theme-toggle]")).await?.click().await?;
     let after = browser.execute("return document.documentElement.dataset.theme", vec![]).await?;
     assert_ne!(before, after, "the theme switch flips data-theme");
-    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    browser.goto(&app.page("#/fleet")).await?;
     if after != json!("dark") {
         browser.find(Locator::Css("[data-testid=theme-toggle]")).await?.click().await?;
     }
@@ -296,7 +279,7 @@ async fn settings_probe_added_endpoints_and_keep_router_tokens_out_of_sqlite() -
     let garbage = garbage_metrics().await?;
     let driver = chromedriver().await?;
     let browser = chromium_session(&driver).await?;
-    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    browser.goto(&app.page("#/fleet")).await?;
 
     // An empty fleet says what to do.
     let empty = eventually("the empty state", Duration::from_secs(30), || async {
@@ -305,7 +288,7 @@ async fn settings_probe_added_endpoints_and_keep_router_tokens_out_of_sqlite() -
     .await?;
     assert!(empty.contains("Settings"), "{empty}");
 
-    browser.goto(&format!("{}#/settings", app.url)).await?;
+    browser.goto(&app.page("#/settings")).await?;
     let add = |url: String| {
         let browser = &browser;
         async move {
@@ -376,7 +359,7 @@ async fn settings_probe_added_endpoints_and_keep_router_tokens_out_of_sqlite() -
     screenshot(&browser, "view-settings.png").await?;
 
     // The fleet now shows the added replica with its engine.
-    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    browser.goto(&app.page("#/fleet")).await?;
     eventually("the added replica's tile", Duration::from_secs(30), || async {
         let tiles = texts(&browser, "[data-testid=replica-tile]").await?;
         Ok(tiles.iter().any(|t| t.contains("vllm")).then_some(()))
@@ -392,7 +375,7 @@ async fn the_overview_renders_1000_replicas_and_reports_its_time_per_update() ->
     let app = headless(&[], db_dir.path()).await?;
     let driver = chromedriver().await?;
     let browser = chromium_session(&driver).await?;
-    browser.goto(&format!("{}#/fleet?synthetic=1000", app.url)).await?;
+    browser.goto(&app.page("#/fleet?synthetic=1000")).await?;
 
     let first = eventually("1000 tiles", Duration::from_secs(60), || async {
         let n = browser.find_all(Locator::Css("[data-testid=replica-tile]")).await?.len();

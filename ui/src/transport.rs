@@ -18,9 +18,10 @@ const HTTP_TIMEOUT_MS: u32 = 10_000;
 
 /// Runs `cmd` with `args` and decodes its result.
 ///
-/// Inside Tauri (`window.__TAURI__` exists, from `withGlobalTauri: true`) this is
-/// `__TAURI__.core.invoke(cmd, { args })`: every command takes one parameter named `args`.
-/// Elsewhere it is `POST /api/<cmd>` with `args` as the JSON body.
+/// Inside Tauri this is `__TAURI_INTERNALS__.invoke(cmd, { args })`, the IPC entry Tauri injects
+/// into its own webview (what `@tauri-apps/api`'s `invoke` calls; the app keeps `withGlobalTauri`
+/// off, so no wider `window.__TAURI__` object exists): every command takes one parameter named
+/// `args`. Elsewhere it is `POST /api/<cmd>` with `args` as the JSON body.
 pub async fn call<A: Serialize, R: DeserializeOwned>(cmd: &str, args: &A) -> Result<R, ApiError> {
     let body = serde_json::to_string(args).map_err(|e| {
         ApiError::new("bad_request", format!("could not encode the arguments of `{cmd}`: {e}"))
@@ -35,19 +36,18 @@ pub async fn call<A: Serialize, R: DeserializeOwned>(cmd: &str, args: &A) -> Res
     })
 }
 
-/// `(window.__TAURI__.core, window.__TAURI__.core.invoke)` when running inside Tauri.
+/// `(window.__TAURI_INTERNALS__, its invoke)` when running inside Tauri.
 fn tauri_invoke(window: &Window) -> Result<Option<(JsValue, Function)>, ApiError> {
-    let tauri = Reflect::get(window, &"__TAURI__".into()).unwrap_or(JsValue::UNDEFINED);
-    if tauri.is_undefined() || tauri.is_null() {
+    let internals = Reflect::get(window, &"__TAURI_INTERNALS__".into()).unwrap_or(JsValue::UNDEFINED);
+    if internals.is_undefined() || internals.is_null() {
         return Ok(None);
     }
-    let core = Reflect::get(&tauri, &"core".into()).unwrap_or(JsValue::UNDEFINED);
-    let invoke = Reflect::get(&core, &"invoke".into()).unwrap_or(JsValue::UNDEFINED);
+    let invoke = Reflect::get(&internals, &"invoke".into()).unwrap_or(JsValue::UNDEFINED);
     match invoke.dyn_into::<Function>() {
-        Ok(f) => Ok(Some((core, f))),
+        Ok(f) => Ok(Some((internals, f))),
         Err(_) => Err(ApiError::new(
             "internal",
-            "window.__TAURI__ exists but has no core.invoke; is this a Tauri v2 shell?",
+            "window.__TAURI_INTERNALS__ exists but has no invoke; is this a Tauri v2 shell?",
         )),
     }
 }
@@ -65,7 +65,7 @@ async fn call_tauri(
         .call2(core, &JsValue::from_str(cmd), &payload)
         .map_err(error_from_js)?
         .dyn_into::<Promise>()
-        .map_err(|_| ApiError::new("internal", "__TAURI__.core.invoke did not return a promise"))?;
+        .map_err(|_| ApiError::new("internal", "__TAURI_INTERNALS__.invoke did not return a promise"))?;
     let value = JsFuture::from(promise).await.map_err(error_from_js)?;
     stringify(&value)
 }

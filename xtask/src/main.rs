@@ -251,6 +251,7 @@ fn build_ui() -> Result<()> {
             staging.join("ui.js"),
             staging.join("ui_bg.wasm"),
             root().join("ui/index.html"),
+            root().join("ui/boot.js"),
             root().join("ui/style.css"),
         ];
         for source in sources {

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use fleet_store::secrets::Secret;
 use fleetdeck_api::{Candidate, DecisionEntry};
 use futures_util::StreamExt;
 use serde::Deserialize;
@@ -267,26 +268,17 @@ pub fn parse_trace(body: &[u8]) -> Result<Vec<fleet_trace::TraceRecord>, String>
 }
 
 /// One router's admin API.
-#[derive(Clone)]
+/// The token is a [`Secret`]: it never reaches a log line or a debug dump.
+#[derive(Clone, Debug)]
 pub struct AdminClient {
     http: reqwest::Client,
     /// Base URL without a trailing slash.
     pub url: String,
-    token: Option<String>,
-}
-
-impl std::fmt::Debug for AdminClient {
-    // The token never reaches a log line or a debug dump.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AdminClient")
-            .field("url", &self.url)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .finish()
-    }
+    token: Option<Secret>,
 }
 
 impl AdminClient {
-    pub fn new(http: reqwest::Client, url: &str, token: Option<String>) -> Self {
+    pub fn new(http: reqwest::Client, url: &str, token: Option<Secret>) -> Self {
         Self { http, url: url.trim_end_matches('/').to_owned(), token }
     }
 
@@ -350,10 +342,12 @@ impl AdminClient {
                 if error["code"] == "admin_disabled" {
                     return Err(AdminError::AdminDisabled { url: self.url.clone() });
                 }
-                let message = error["message"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
+                // The router's own JSON message, made short; never the raw body (whatever answers at an
+                // operator-typed URL must not be echoed back through the app).
+                let message = error["message"].as_str().map_or_else(
+                    || "the answer is not fleet-router's JSON error".to_owned(),
+                    fleet_telemetry::scrape::short_reason,
+                );
                 Err(AdminError::Status { url: self.url.clone(), status, message })
             }
         }
@@ -373,7 +367,8 @@ impl AdminClient {
             return Err(AdminError::NoToken { url: self.url.clone() });
         };
         let work = async {
-            let mut call = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(token);
+            let mut call =
+                self.http.request(method, format!("{}{path}", self.url)).bearer_auth(token.expose());
             if let Some(version) = request.if_match {
                 call = call.header(reqwest::header::IF_MATCH, format!("\"{version}\""));
             }

@@ -15,32 +15,48 @@ use serde_json::Value;
 
 use crate::Control;
 
-/// Runs `command` with `args` as its arguments. Only translation happens here: every command is one
-/// `Control` method.
-pub async fn dispatch(control: &Control, command: &str, args: Value) -> Result<Value, ApiError> {
-    match command {
-        CMD_FLEET_SNAPSHOT => encode(control.fleet_snapshot(optional(args)?).await),
-        CMD_HEAT_MAP => encode(control.heat_map(optional(args)?).await),
-        CMD_REPLICA_HISTORY => encode(control.replica_history(required(args)?).await),
-        CMD_DECISIONS => encode(control.decisions(optional(args)?).await),
-        CMD_HEADROOM => encode(control.headroom(optional(args)?).await),
-        CMD_SETTINGS => encode(control.settings().await),
-        CMD_ADD_ENDPOINT => encode(control.add_endpoint(required(args)?).await),
-        CMD_REMOVE_ENDPOINT => encode(control.remove_endpoint(required(args)?).await),
-        CMD_SET_SCRAPE_INTERVAL => encode(control.set_scrape_interval(required(args)?).await),
-        CMD_POLICY_EDITOR => encode(control.policy_editor().await),
-        CMD_CHECK_SPEC => encode(control.check_spec(required(args)?).await),
-        CMD_PUSH_POLICY => encode(control.push_policy(required(args)?).await),
-        CMD_START_CANARY => encode(control.start_canary(required(args)?).await),
-        CMD_CANARY_STATUS => encode(control.canary_status().await),
-        CMD_ABORT_CANARY => encode(control.abort_canary(required(args)?).await),
-        CMD_START_WHATIF => encode(control.start_whatif(required(args)?).await),
-        CMD_WHATIF_STATUS => encode(control.whatif_status(required(args)?).await),
-        CMD_CANCEL_WHATIF => encode(control.cancel_whatif(required(args)?).await),
-        CMD_POLICY_HISTORY => encode(control.policy_history().await),
-        CMD_HISTORY_COMPARE => encode(control.history_compare(required(args)?).await),
-        other => Err(ApiError::new("unknown_command", format!("there is no command {other:?}"))),
-    }
+/// Writes the table once and derives both [`COMMANDS`] and [`dispatch`] from it, so no command can be
+/// dispatched without being listed (the adapters' access tests walk the list).
+macro_rules! command_table {
+    ($($name:ident => $method:ident($kind:ident)),* $(,)?) => {
+        /// Every command's name, in the table's order.
+        pub const COMMANDS: &[&str] = &[$($name),*];
+
+        /// Runs `command` with `args` as its arguments. Only translation happens here: every command is
+        /// one `Control` method.
+        pub async fn dispatch(control: &Control, command: &str, args: Value) -> Result<Value, ApiError> {
+            match command {
+                $($name => encode(command_table!(@call control, $method, $kind, args)),)*
+                other => Err(ApiError::new("unknown_command", format!("there is no command {other:?}"))),
+            }
+        }
+    };
+    (@call $control:ident, $method:ident, none, $args:ident) => { $control.$method().await };
+    (@call $control:ident, $method:ident, optional, $args:ident) => { $control.$method(optional($args)?).await };
+    (@call $control:ident, $method:ident, required, $args:ident) => { $control.$method(required($args)?).await };
+}
+
+command_table! {
+    CMD_FLEET_SNAPSHOT => fleet_snapshot(optional),
+    CMD_HEAT_MAP => heat_map(optional),
+    CMD_REPLICA_HISTORY => replica_history(required),
+    CMD_DECISIONS => decisions(optional),
+    CMD_HEADROOM => headroom(optional),
+    CMD_SETTINGS => settings(none),
+    CMD_ADD_ENDPOINT => add_endpoint(required),
+    CMD_REMOVE_ENDPOINT => remove_endpoint(required),
+    CMD_SET_SCRAPE_INTERVAL => set_scrape_interval(required),
+    CMD_POLICY_EDITOR => policy_editor(none),
+    CMD_CHECK_SPEC => check_spec(required),
+    CMD_PUSH_POLICY => push_policy(required),
+    CMD_START_CANARY => start_canary(required),
+    CMD_CANARY_STATUS => canary_status(none),
+    CMD_ABORT_CANARY => abort_canary(required),
+    CMD_START_WHATIF => start_whatif(required),
+    CMD_WHATIF_STATUS => whatif_status(required),
+    CMD_CANCEL_WHATIF => cancel_whatif(required),
+    CMD_POLICY_HISTORY => policy_history(none),
+    CMD_HISTORY_COMPARE => history_compare(required),
 }
 
 fn encode<T: serde::Serialize>(result: Result<T, ApiError>) -> Result<Value, ApiError> {
@@ -67,6 +83,15 @@ fn required<T: serde::de::DeserializeOwned>(args: Value) -> Result<T, ApiError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_command_is_listed_once() {
+        let mut names = COMMANDS.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COMMANDS.len(), "a command is listed twice");
+        assert!(COMMANDS.contains(&CMD_PUSH_POLICY) && COMMANDS.contains(&CMD_FLEET_SNAPSHOT));
+    }
 
     #[derive(Debug, Default, serde::Deserialize, PartialEq)]
     struct Window {

@@ -5,7 +5,6 @@
 //! router's admin token is fresh per run and kept in a 0600 file (never in SQLite), so the app
 //! reads the demo router exactly as it reads a real one.
 
-use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,15 +47,6 @@ pub struct DemoFleet {
     pub load: Arc<LoadStats>,
 }
 
-/// 128 random bits as hex, from the OS (a loopback demo token; never logged).
-fn fresh_token() -> Result<String> {
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .context("cannot read /dev/urandom for the demo router's admin token")?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 impl DemoFleet {
     /// Starts the demo on loopback; it runs until `cancel` fires. The router's admin token is
     /// written to `demo-router.token` (mode 0600) in `token_dir`.
@@ -73,13 +63,13 @@ impl DemoFleet {
         let router_listener =
             TcpListener::bind("127.0.0.1:0").await.context("cannot bind the demo router")?;
         let router_url = format!("http://{}", router_listener.local_addr()?);
-        let token = fresh_token()?;
+        let token = fleet_store::secrets::random_token()?;
         let token_file = token_dir.join("demo-router.token");
-        fleet_store::secrets::write_token_file(&token_file, &token)?;
+        fleet_store::secrets::write_token_file(&token_file, token.expose())?;
         let router_config = fleet_router::RouterConfig {
             replicas: replica_urls.clone(),
             policy: DEMO_POLICY.parse().context("the demo policy does not parse")?,
-            admin_token: Some(token),
+            admin_token: Some(token.expose().into()),
             // "Recent traffic" for the heat map: a minute reacts to what the operator does.
             heat_window: Duration::from_secs(60),
             ..Default::default()
@@ -111,14 +101,6 @@ impl DemoFleet {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_fresh_hex() {
-        let (a, b) = (fresh_token().unwrap(), fresh_token().unwrap());
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-    }
 
     #[test]
     fn the_demo_policy_is_cache_aware_and_valid() {

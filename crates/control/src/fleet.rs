@@ -54,6 +54,9 @@ pub struct ControlConfig {
     pub settings_path: PathBuf,
     /// Folder of the routers' 0600 token files (default: `tokens/` beside the database).
     pub token_dir: PathBuf,
+    /// The only folder the what-if reads trace files from (`--trace-dir`); `None`: no trace files.
+    /// A path from the API is never opened outside it.
+    pub trace_dir: Option<PathBuf>,
 }
 
 impl ControlConfig {
@@ -66,6 +69,7 @@ impl ControlConfig {
             limits: ScrapeLimits::default(),
             settings_path: dir.join("settings.json"),
             token_dir: dir.join("tokens"),
+            trace_dir: None,
             db_path,
         }
     }
@@ -133,6 +137,7 @@ pub(crate) struct Inner {
     pub(crate) routers: Routers,
     pub(crate) settings_path: PathBuf,
     pub(crate) token_dir: PathBuf,
+    pub(crate) trace_dir: Option<PathBuf>,
     /// What the operator added in the app (persisted).
     pub(crate) saved: Mutex<SavedSettings>,
     pub(crate) prometheus: crate::sources::PromSources,
@@ -195,6 +200,7 @@ impl Control {
             routers,
             settings_path: config.settings_path,
             token_dir: config.token_dir,
+            trace_dir: config.trace_dir,
             saved: Mutex::new(saved.clone()),
             prometheus: crate::sources::PromSources::default(),
             rollout: Default::default(),

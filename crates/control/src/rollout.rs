@@ -84,10 +84,11 @@ fn refusal(status: u16, body: &[u8]) -> PushOutcome {
         409 => "version_conflict".to_owned(),
         _ => format!("http_{status}"),
     });
-    let mut message = error["message"]
-        .as_str()
-        .map(str::to_owned)
-        .unwrap_or_else(|| String::from_utf8_lossy(body).chars().take(200).collect());
+    // The router's own JSON message; never the raw body, which could be anything at that URL.
+    let mut message = error["message"].as_str().map_or_else(
+        || format!("the answer (HTTP {status}) is not fleet-router's JSON error"),
+        str::to_owned,
+    );
     if let Some(current) = error["current_version"].as_u64() {
         message.push_str(&format!(" (the router is at version {current})"));
     }

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use fleet_store::Store;
+use fleet_store::secrets::Secret;
 use fleetdeck_api::{PolicyMarker, RouterSource};
 
 use crate::admin::{AdminClient, RouterState};
@@ -20,23 +21,12 @@ pub const POLL_EVERY: Duration = Duration::from_secs(1);
 /// Policy changes kept in memory (the audit trail keeps the rest).
 const MAX_MARKERS: usize = 1000;
 
-/// A router to read, with its admin token or the 0600 file holding it.
-#[derive(Clone, PartialEq, Default)]
+/// A router to read, with its admin token (a [`Secret`], never logged) or the 0600 file holding it.
+#[derive(Clone, PartialEq, Default, Debug)]
 pub struct RouterTarget {
     pub url: String,
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     pub token_file: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for RouterTarget {
-    // The token never reaches a log line.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RouterTarget")
-            .field("url", &self.url)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("token_file", &self.token_file)
-            .finish()
-    }
 }
 
 #[derive(Debug)]
@@ -100,11 +90,11 @@ impl Routers {
         entries.push(entry);
     }
 
-    pub(crate) fn remove(&self, url: &str) -> bool {
+    /// Stops reading router `url`. `None`: it was not configured; else the token file it used.
+    pub(crate) fn remove(&self, url: &str) -> Option<Option<PathBuf>> {
         let mut entries = lock(&self.entries);
-        let before = entries.len();
-        entries.retain(|e| e.client.url != url.trim_end_matches('/'));
-        entries.len() != before
+        let index = entries.iter().position(|e| e.client.url == url.trim_end_matches('/'))?;
+        Some(entries.remove(index).token_file)
     }
 
     pub(crate) fn urls(&self) -> Vec<(String, Option<PathBuf>)> {

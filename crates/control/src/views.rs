@@ -265,7 +265,7 @@ impl Control {
                 let token_file = token_file_for(&self.inner.token_dir, &url);
                 fleet_store::secrets::write_token_file(&token_file, token)
                     .map_err(|e| ApiError::new("token_not_saved", e.to_string()))?;
-                let client = AdminClient::new(self.inner.http.clone(), &url, Some(token.to_owned()));
+                let client = AdminClient::new(self.inner.http.clone(), &url, Some(token.into()));
                 let report = match tokio::time::timeout(PROBE_TIMEOUT, client.state()).await {
                     Ok(Ok(state)) => ProbeReport {
                         url: url.clone(),
@@ -350,7 +350,13 @@ impl Control {
         let url = args.url.trim().trim_end_matches('/').to_owned();
         let found = match args.kind {
             EndpointKind::Replica => self.remove_target(&url),
-            EndpointKind::Router => self.inner.routers.remove(&url),
+            EndpointKind::Router => match self.inner.routers.remove(&url) {
+                Some(token_file) => {
+                    self.forget_token(token_file.as_deref());
+                    true
+                }
+                None => false,
+            },
             EndpointKind::Prometheus => self.inner.prometheus.remove(&url),
         };
         if !found {
@@ -368,6 +374,19 @@ impl Control {
         let interval = validate_interval(args.seconds).map_err(bad_request)?;
         self.set_interval(interval);
         self.save(|s| s.scrape_interval_s = Some(args.seconds))
+    }
+
+    /// Deletes a removed router's token file if the app wrote it (it lies in the app's token folder);
+    /// a file the operator named with --router-token-file is theirs and stays.
+    fn forget_token(&self, token_file: Option<&std::path::Path>) {
+        let Some(file) = token_file else { return };
+        let ours = match (file.canonicalize(), self.inner.token_dir.canonicalize()) {
+            (Ok(file), Ok(dir)) => file.starts_with(dir),
+            _ => false,
+        };
+        if ours && let Err(error) = std::fs::remove_file(file) {
+            tracing::warn!(%error, file = %file.display(), "could not delete the removed router's token file");
+        }
     }
 
     /// Applies `change` to the saved settings and writes them.

@@ -5,7 +5,7 @@
 //! One job runs at a time: starting a new one (the editor re-runs on every change) cancels the
 //! previous. The replays are CPU work on blocking threads, never on the async workers.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -81,7 +81,41 @@ pub fn replay_both(
 }
 
 /// Reads a trace file (fleet-trace or Mooncake JSON Lines), bounded in size.
-fn read_trace_file(path: &str) -> Result<Trace, ApiError> {
+/// The trace file `requested` names, if it lies inside the operator's trace folder. `requested` is a
+/// name in that folder (or a path whose real location, links resolved, is inside it); nothing else is
+/// ever opened on the API's behalf, so the API cannot be used to read the machine's files.
+pub(crate) fn resolve_trace_path(dir: Option<&Path>, requested: &str) -> Result<PathBuf, ApiError> {
+    let Some(dir) = dir else {
+        return Err(ApiError::new(
+            "forbidden_path",
+            "trace files are read only from the folder given with `fleetdeck --trace-dir DIR`; \
+             restart the app with it and put the trace there (or replay the routers' traffic instead)",
+        ));
+    };
+    let folder = dir.canonicalize().map_err(|e| {
+        ApiError::new("bad_trace", format!("the trace folder {} cannot be read: {e}", dir.display()))
+    })?;
+    let wanted = folder.join(requested.trim());
+    let real = wanted.canonicalize().map_err(|e| {
+        ApiError::new(
+            "bad_trace",
+            format!("there is no trace {requested:?} in the trace folder {}: {e}", folder.display()),
+        )
+    })?;
+    if !real.starts_with(&folder) || !real.is_file() {
+        return Err(ApiError::new(
+            "forbidden_path",
+            format!(
+                "{requested:?} is not a file inside the trace folder {}; copy the trace into that folder and name it",
+                folder.display()
+            ),
+        ));
+    }
+    Ok(real)
+}
+
+fn read_trace_file(path: &Path) -> Result<Trace, ApiError> {
+    let path = &path.display().to_string();
     let bad = |message: String| ApiError::new("bad_trace", message);
     let meta = std::fs::metadata(Path::new(path))
         .map_err(|e| bad(format!("cannot read the trace file {path}: {e}; check the path")))?;
@@ -106,6 +140,11 @@ impl Control {
                 format!("window_s is {}; replay 10 to 86400 seconds of traffic", args.window_s),
             ));
         }
+        // The path is checked before anything else runs, so a refused one never costs a router call.
+        let trace_file = match &args.trace_path {
+            Some(path) => Some((resolve_trace_path(self.inner.trace_dir.as_deref(), path)?, path)),
+            None => None,
+        };
         let active = match self.intended_spec().await {
             Some((_, spec)) => spec,
             None => self
@@ -121,8 +160,8 @@ impl Control {
                     )
                 })?,
         };
-        let (trace, source) = match &args.trace_path {
-            Some(path) => (read_trace_file(path)?, format!("trace file {path}")),
+        let (trace, source) = match trace_file {
+            Some((real, path)) => (read_trace_file(&real)?, format!("trace file {path}")),
             None => {
                 let since = unix_ms_now() - i64::from(args.window_s) * 1000;
                 let clients: Vec<_> = self.inner.routers.clients().into_iter().map(|(c, _)| c).collect();
@@ -286,5 +325,28 @@ mod tests {
 
         cancel.store(true, Ordering::Relaxed);
         assert!(replay_both(&prepared, 4, &candidate, &active, &cancel, &routed).is_err());
+    }
+
+    #[test]
+    fn trace_files_are_read_only_from_the_trace_folder() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("traces");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("day1.jsonl"), "").unwrap();
+        std::fs::write(root.path().join("outside.jsonl"), "").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.join("link.jsonl")).unwrap();
+
+        let inside = resolve_trace_path(Some(&dir), "day1.jsonl").unwrap();
+        assert_eq!(inside, dir.canonicalize().unwrap().join("day1.jsonl"));
+        let absolute = dir.join("day1.jsonl").display().to_string();
+        assert_eq!(resolve_trace_path(Some(&dir), &absolute).unwrap(), inside);
+
+        for escape in ["/etc/passwd", "../outside.jsonl", "link.jsonl", "."] {
+            let refused = resolve_trace_path(Some(&dir), escape).unwrap_err();
+            assert_eq!(refused.code, "forbidden_path", "{escape}: {}", refused.message);
+        }
+        assert_eq!(resolve_trace_path(Some(&dir), "missing.jsonl").unwrap_err().code, "bad_trace");
+        let no_folder = resolve_trace_path(None, "day1.jsonl").unwrap_err();
+        assert!(no_folder.code == "forbidden_path" && no_folder.message.contains("--trace-dir"));
     }
 }

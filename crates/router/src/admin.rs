@@ -53,7 +53,7 @@ pub fn token_matches(configured: &str, presented: &str) -> bool {
 }
 
 async fn require_token(State(state): State<Arc<RouterState>>, request: Request, next: Next) -> Response {
-    let Some(configured) = state.config.admin_token.as_deref() else {
+    let Some(configured) = &state.config.admin_token else {
         return error(
             StatusCode::FORBIDDEN,
             "admin_disabled",
@@ -67,7 +67,7 @@ async fn require_token(State(state): State<Arc<RouterState>>, request: Request, 
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "));
     match presented {
-        Some(presented) if token_matches(configured, presented.trim()) => next.run(request).await,
+        Some(presented) if configured.matches(presented.trim()) => next.run(request).await,
         Some(_) => unauthorized("the bearer token is wrong; use the router's admin token"),
         None => unauthorized("missing `Authorization: Bearer TOKEN`; send the router's admin token"),
     }

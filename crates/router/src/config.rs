@@ -187,6 +187,40 @@ pub struct TlsConfig {
     pub key: PathBuf,
 }
 
+/// The admin API's bearer token. It has no `Display` and a redacted `Debug`, so neither a log line nor a
+/// dump of [`RouterConfig`] can carry it; it is compared in constant time ([`AdminToken::matches`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// Whether `presented` is this token, in time independent of the presented bytes.
+    pub fn matches(&self, presented: &str) -> bool {
+        crate::admin::token_matches(&self.0, presented)
+    }
+
+    fn is_blank(&self) -> bool {
+        self.0.trim().is_empty()
+    }
+}
+
+impl From<String> for AdminToken {
+    fn from(token: String) -> Self {
+        Self(token)
+    }
+}
+
+impl From<&str> for AdminToken {
+    fn from(token: &str) -> Self {
+        Self(token.to_owned())
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
 /// How the router is set up. `replicas` holds replica specs in [`ReplicaSpec`] syntax (a bare URL works).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RouterConfig {
@@ -195,7 +229,7 @@ pub struct RouterConfig {
     /// The policy in force at start (version 1).
     pub policy: PolicySpec,
     /// Bearer token of the admin API; `None` turns the admin API off.
-    pub admin_token: Option<String>,
+    pub admin_token: Option<AdminToken>,
     /// Time allowed to open a connection to a replica before trying the next one.
     pub connect_timeout: Duration,
     /// Longest silence tolerated from a replica while reading its answer.
@@ -206,6 +240,12 @@ pub struct RouterConfig {
     /// Time a client has to send a request's headers, from when the router starts waiting for them
     /// (an idle keep-alive connection included): a client that trickles them (slowloris) is cut off.
     pub header_read_timeout: Duration,
+    /// Time a client has to send a request's whole body once its headers are in: a client that trickles
+    /// it is answered 408 and its connection closed, so it cannot hold a connection and a task for ever.
+    pub body_read_timeout: Duration,
+    /// Client connections open at once; one over the cap is answered 503 and closed at once (the
+    /// refusal is counted), so a flood of idle connections cannot exhaust file descriptors or memory.
+    pub max_connections: usize,
     /// On shutdown the router stops accepting, closes idle connections and lets requests in flight finish;
     /// those still running after this long are cut off.
     pub shutdown_grace: Duration,
@@ -241,6 +281,8 @@ impl Default for RouterConfig {
             read_timeout: Duration::from_secs(120),
             upstream_idle_timeout: Duration::from_secs(30),
             header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(30),
+            max_connections: 8192,
             shutdown_grace: Duration::from_secs(30),
             max_body_bytes: 16 * 1024 * 1024,
             max_attempts: 3,
@@ -261,7 +303,7 @@ impl RouterConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.replica_specs()?;
         self.policy.validate().map_err(|error| ConfigError::new("policy", format!("{error}")))?;
-        if self.admin_token.as_ref().is_some_and(|token| token.trim().is_empty()) {
+        if self.admin_token.as_ref().is_some_and(AdminToken::is_blank) {
             return Err(ConfigError::new(
                 "admin_token",
                 "the admin token is empty; put a non-empty secret in the token file",
@@ -272,6 +314,7 @@ impl RouterConfig {
             ("read_timeout", self.read_timeout),
             ("upstream_idle_timeout", self.upstream_idle_timeout),
             ("header_read_timeout", self.header_read_timeout),
+            ("body_read_timeout", self.body_read_timeout),
             ("health.interval", self.health.interval),
             ("health.timeout", self.health.timeout),
         ];
@@ -282,6 +325,9 @@ impl RouterConfig {
         }
         if self.max_body_bytes == 0 {
             return Err(ConfigError::new("max_body_bytes", "must be above zero"));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::new("max_connections", "must be at least 1"));
         }
         if self.max_attempts == 0 {
             return Err(ConfigError::new("max_attempts", "must be at least 1 (the pick itself)"));
@@ -362,9 +408,22 @@ mod tests {
         assert!(twice.validate().unwrap_err().message.contains("twice"));
         let zero = RouterConfig { max_attempts: 0, ..Default::default() };
         assert_eq!(zero.validate().unwrap_err().field, "max_attempts");
+        let no_connections = RouterConfig { max_connections: 0, ..Default::default() };
+        assert_eq!(no_connections.validate().unwrap_err().field, "max_connections");
+        let no_body_time = RouterConfig { body_read_timeout: Duration::ZERO, ..Default::default() };
+        assert_eq!(no_body_time.validate().unwrap_err().field, "body_read_timeout");
         let no_header_time = RouterConfig { header_read_timeout: Duration::ZERO, ..Default::default() };
         assert_eq!(no_header_time.validate().unwrap_err().field, "header_read_timeout");
         let empty_token = RouterConfig { admin_token: Some(" ".into()), ..Default::default() };
         assert_eq!(empty_token.validate().unwrap_err().field, "admin_token");
+    }
+
+    #[test]
+    fn a_config_dump_never_shows_the_admin_token() {
+        let config = RouterConfig { admin_token: Some("s3cret-admin".into()), ..Default::default() };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cret-admin") && shown.contains("AdminToken(<redacted>)"), "{shown}");
+        let token = config.admin_token.unwrap();
+        assert!(token.matches("s3cret-admin") && !token.matches("s3cret-admi"));
     }
 }

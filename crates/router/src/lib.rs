@@ -53,7 +53,7 @@ use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use config::{ConfigError, HealthConfig, RecordConfig, ReplicaSpec, RouterConfig, TlsConfig};
+pub use config::{AdminToken, ConfigError, HealthConfig, RecordConfig, ReplicaSpec, RouterConfig, TlsConfig};
 pub use routing_key::Tokenize;
 pub use state::RouterState;
 
@@ -92,6 +92,7 @@ pub async fn start(
     let deadlines = serve::Deadlines {
         header_read: state.config.header_read_timeout,
         shutdown_grace: state.config.shutdown_grace,
+        max_connections: state.config.max_connections,
     };
     let server = match &state.config.tls {
         None => {

@@ -65,6 +65,13 @@ struct Cli {
     /// seconds.
     #[arg(long, default_value_t = 30)]
     header_read_timeout_s: u64,
+    /// Time a client has to send a request's body once its headers are in (a client trickling it gets a
+    /// 408 and its connection closed), in seconds.
+    #[arg(long, default_value_t = 30)]
+    body_read_timeout_s: u64,
+    /// Client connections open at once; one over the cap is answered 503 and closed.
+    #[arg(long, default_value_t = 8192)]
+    max_connections: usize,
     /// On SIGTERM or Ctrl-C, time requests in flight get to finish before their connections are cut, in
     /// seconds (new connections are refused at once).
     #[arg(long, default_value_t = 30)]
@@ -136,11 +143,13 @@ async fn run(cli: Cli) -> Result<()> {
     let config = RouterConfig {
         replicas: cli.replicas.clone(),
         policy,
-        admin_token,
+        admin_token: admin_token.map(Into::into),
         connect_timeout: Duration::from_millis(cli.connect_timeout_ms),
         read_timeout: Duration::from_secs(cli.read_timeout_s),
         upstream_idle_timeout: Duration::from_secs(cli.upstream_idle_timeout_s),
         header_read_timeout: Duration::from_secs(cli.header_read_timeout_s),
+        body_read_timeout: Duration::from_secs(cli.body_read_timeout_s),
+        max_connections: cli.max_connections,
         shutdown_grace: Duration::from_secs(cli.shutdown_grace_s),
         max_body_bytes: cli.max_body_bytes,
         max_attempts: cli.max_attempts,

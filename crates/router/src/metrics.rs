@@ -154,6 +154,31 @@ pub struct Metrics {
     pub stream_errors: AtomicU64,
     /// Policy versions applied after the first.
     pub policy_swaps: AtomicU64,
+    /// Clients refused by the router itself, by [`Refusal`].
+    refusals: [AtomicU64; Refusal::ALL.len()],
+}
+
+/// Why the router refused a client before any replica saw its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The connection cap was reached (503, connection closed).
+    ConnectionLimit,
+    /// The body did not arrive within the body read timeout (408, connection closed).
+    BodyReadTimeout,
+    /// The body was over the size limit (413).
+    BodyTooLarge,
+}
+
+impl Refusal {
+    const ALL: [Refusal; 3] = [Refusal::ConnectionLimit, Refusal::BodyReadTimeout, Refusal::BodyTooLarge];
+
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::ConnectionLimit => "connection_limit",
+            Refusal::BodyReadTimeout => "body_read_timeout",
+            Refusal::BodyTooLarge => "body_too_large",
+        }
+    }
 }
 
 /// Per-replica values read at scrape time.
@@ -192,6 +217,7 @@ impl Default for Metrics {
             retries: AtomicU64::new(0),
             stream_errors: AtomicU64::new(0),
             policy_swaps: AtomicU64::new(0),
+            refusals: Default::default(),
         }
     }
 }
@@ -207,6 +233,16 @@ impl Metrics {
     /// replica removed and added again keeps counting where it left off.
     pub fn requests_of(&self, url: &str) -> Arc<StatusCounts> {
         replica_entry(&self.requests, url, StatusCounts::default)
+    }
+
+    /// Counts one client refused for `why`.
+    pub fn count_refusal(&self, why: Refusal) {
+        self.refusals[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Clients refused for `why` since start.
+    pub fn refusals(&self, why: Refusal) -> u64 {
+        self.refusals[why as usize].load(Ordering::Relaxed)
     }
 
     /// Counts one pick: its latency, branch and estimated hit.
@@ -330,6 +366,20 @@ impl Metrics {
             ),
         ] {
             scalar(&mut out, name, kind, help, value);
+        }
+        family(
+            &mut out,
+            "fleet_router_refused_total",
+            "counter",
+            "Clients the router refused itself, by reason (connection cap, slow body, body too large).",
+        );
+        for why in Refusal::ALL {
+            let _ = writeln!(
+                out,
+                "fleet_router_refused_total{{reason=\"{}\"}} {}",
+                why.label(),
+                self.refusals(why)
+            );
         }
         let rate_help = "Matched over prompt blocks since start (0 to 1).";
         scalar(&mut out, "fleet_router_estimated_hit_rate", "gauge", rate_help, rate);

@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use memchr::memmem::Finder;
 use serde_json::json;
 
-use crate::metrics::branch_label;
+use crate::metrics::{Refusal, branch_label};
 use crate::routing_key::{Route, routing_input, session_hash};
 use crate::state::{DecisionRecord, FleetView, Group, Replica, RouterState, lock, unix_ms};
 use crate::upstream::TimedBody;
@@ -84,7 +84,9 @@ struct Committed {
     rest: TimedBody,
 }
 
-/// Proxies one OpenAI request: reads its body (up to the configured limit), then [`forward`]s it.
+/// Proxies one OpenAI request: reads its body (up to the configured limit, within the body read
+/// timeout), then [`forward`]s it. Every answer, the router's own refusals included, carries
+/// `x-fleet-request-id`.
 ///
 /// The request is taken whole rather than through axum's `HeaderMap` and `Bytes` extractors: those
 /// copy the headers, and a body over the limit deserves an OpenAI-shaped error naming the limit.
@@ -93,25 +95,46 @@ where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let request_id = state.next_request_id();
     let (parts, body) = request.into_parts();
     let limit = state.config.max_body_bytes;
-    match Limited::new(body, limit).collect().await {
-        Ok(body) => forward(state, route, parts.headers, body.to_bytes()).await,
-        Err(error) if error.is::<LengthLimitError>() => {
+    let deadline = state.config.body_read_timeout;
+    let mut response = match tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await {
+        Ok(Ok(body)) => forward(state, route, parts.headers, body.to_bytes(), request_id).await,
+        Ok(Err(error)) if error.is::<LengthLimitError>() => {
+            state.metrics.count_refusal(Refusal::BodyTooLarge);
             let message = format!(
                 "the request body is larger than {limit} bytes, the router's limit (--max-body-bytes)"
             );
             openai_error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", &message)
         }
-        Err(error) => {
+        Ok(Err(error)) => {
             let message = format!("cannot read the request body: {error}");
             openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", &message)
         }
-    }
+        Err(_) => {
+            // A client trickling its body would hold the connection and this task for ever.
+            state.metrics.count_refusal(Refusal::BodyReadTimeout);
+            let message = format!(
+                "the request body did not arrive within {deadline:?} (--body-read-timeout-s); send it whole"
+            );
+            let mut response = openai_error(StatusCode::REQUEST_TIMEOUT, "invalid_request_error", &message);
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    };
+    response.headers_mut().entry(REQUEST_ID_HEADER).or_insert_with(|| HeaderValue::from(request_id));
+    response
 }
 
 /// Proxies one OpenAI request.
-pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn forward(
+    state: Arc<RouterState>,
+    route: Route,
+    headers: HeaderMap,
+    body: Bytes,
+    request_id: u64,
+) -> Response {
     let policy = state.policy.load();
     let session = headers.get(&SESSION_HEADER).and_then(|value| value.to_str().ok());
     let input = match routing_input(route, &body, session, policy.hashing, state.tokenizer.as_deref()) {
@@ -134,7 +157,6 @@ pub async fn forward(state: Arc<RouterState>, route: Route, headers: HeaderMap, 
             return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
         }
     };
-    let request_id = state.next_request_id();
     let arrival_ms = unix_ms();
     let started = Instant::now();
 

@@ -25,15 +25,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::{Method, Request};
+use axum::http::{HeaderValue, Method, Request};
 use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::mpsc;
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::RouterState;
+use crate::metrics::Refusal;
 use crate::routing_key::Route;
 
 /// The service every client connection runs: proxy routes directly, the rest through axum.
@@ -74,7 +76,20 @@ impl hyper::service::Service<Request<Incoming>> for Routes {
                 let state = self.state.clone();
                 Box::pin(async move { Ok(crate::proxy::handle(state, route, request).await) })
             }
-            None => Box::pin(hyper::service::Service::call(&self.app, request)),
+            None => {
+                // The admin API, /metrics, /v1/models and the 404s and 405s: their answers carry a request
+                // id too, as the proxy's do.
+                let request_id = self.state.next_request_id();
+                let answer = hyper::service::Service::call(&self.app, request);
+                Box::pin(async move {
+                    let mut response = answer.await?;
+                    response
+                        .headers_mut()
+                        .entry(crate::proxy::REQUEST_ID_HEADER)
+                        .or_insert_with(|| HeaderValue::from(request_id));
+                    Ok(response)
+                })
+            }
         }
     }
 }
@@ -87,7 +102,25 @@ pub struct Deadlines {
     pub header_read: Duration,
     /// See [`crate::RouterConfig::shutdown_grace`].
     pub shutdown_grace: Duration,
+    /// See [`crate::RouterConfig::max_connections`].
+    pub max_connections: usize,
 }
+
+/// The whole answer to a client over the connection cap, written straight to its socket: hyper never
+/// runs for it, so an over-the-cap client costs one small write and a close.
+fn over_capacity_answer(request_id: u64) -> Vec<u8> {
+    let body = r#"{"error":{"message":"fleet-router is at its connection limit (--max-connections); retry later","type":"router_error","param":null,"code":503}}"#;
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n\
+         {}: {request_id}\r\ncontent-length: {}\r\n\r\n{body}",
+        crate::proxy::REQUEST_ID_HEADER,
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// How long a write of [`over_capacity_answer`] may take before the connection is dropped unanswered.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Serves `routes` on `listener` until `shutdown` is cancelled and every open connection has closed, or
 /// the shutdown grace has passed and the rest have been cut off.
@@ -98,6 +131,7 @@ where
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(deadlines.header_read);
     let (connection_open, mut all_closed) = mpsc::channel::<()>(1);
+    let slots = Arc::new(Semaphore::new(deadlines.max_connections));
     // Fired when the grace is over: the connections still open are dropped, mid-answer or not.
     let cut_off = CancellationToken::new();
     loop {
@@ -106,6 +140,19 @@ where
             biased;
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            routes.state.metrics.count_refusal(Refusal::ConnectionLimit);
+            let answer = over_capacity_answer(routes.state.next_request_id());
+            tokio::spawn(async move {
+                let mut io = io;
+                let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
+                    io.write_all(&answer).await?;
+                    io.shutdown().await
+                })
+                .await;
+            });
+            continue;
         };
         let connection = http.serve_connection(TokioIo::new(io), routes.clone());
         // A child token per connection: each waits on its own notifier, not on one shared by all.
@@ -132,7 +179,7 @@ where
                 // Clients that go away or time out on their headers; nothing an operator acts on.
                 tracing::debug!(%error, "client connection ended with an error");
             }
-            drop(open);
+            drop((open, slot));
         });
     }
     drop(listener);

@@ -22,6 +22,65 @@ pub enum SecretError {
     TooOpen { path: PathBuf, mode: u32 },
     #[error("the token file {path} is empty; write the router's admin token into it")]
     Empty { path: PathBuf },
+    #[error("cannot read random bytes from the operating system (/dev/urandom): {0}")]
+    Random(std::io::Error),
+}
+
+/// A secret string (an admin token, a launch or session key). It has no `Display` and its `Debug`
+/// is redacted, so no log line or debug dump can carry it; [`Secret::expose`] is the one way to its
+/// text, which keeps every use easy to find.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
+    /// The secret's text, for the one place that must send or store it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `presented` is this secret, in time that depends only on the secret's length: every
+    /// byte is compared (XOR-accumulated, the length difference folded in), so timing never tells
+    /// how much of a guess was right.
+    pub fn matches(&self, presented: &str) -> bool {
+        let (ours, theirs) = (self.0.as_bytes(), presented.as_bytes());
+        let mut diff = u8::from(ours.len() != theirs.len());
+        for (i, byte) in ours.iter().enumerate() {
+            diff |= byte ^ theirs.get(i).copied().unwrap_or(0);
+        }
+        diff == 0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(text: String) -> Self {
+        Self(text)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(text: &str) -> Self {
+        Self(text.to_owned())
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// A fresh secret of 256 random bits from the operating system, as 64 hex digits.
+pub fn random_token() -> Result<Secret, SecretError> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(SecretError::Random)?;
+    Ok(Secret(bytes.iter().map(|b| format!("{b:02x}")).collect()))
 }
 
 /// Writes `token` to `path` with mode 0600, replacing it atomically (a temporary file in the
@@ -55,7 +114,7 @@ pub fn write_token_file(path: &Path, token: &str) -> Result<(), SecretError> {
 }
 
 /// Reads the token in `path`, refusing files that other users could read.
-pub fn read_token_file(path: &Path) -> Result<String, SecretError> {
+pub fn read_token_file(path: &Path) -> Result<Secret, SecretError> {
     let err = |source| SecretError::Read { path: path.to_path_buf(), source };
     #[cfg(unix)]
     {
@@ -69,5 +128,28 @@ pub fn read_token_file(path: &Path) -> Result<String, SecretError> {
     if token.is_empty() {
         return Err(SecretError::Empty { path: path.to_path_buf() });
     }
-    Ok(token)
+    Ok(Secret(token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_never_shows_its_text_and_compares_whole() {
+        let secret = Secret::new("s3cret");
+        assert_eq!(format!("{secret:?}"), "Secret(<redacted>)");
+        assert!(secret.matches("s3cret"));
+        for wrong in ["s3cre", "s3cret!", "S3cret", "", "s3cret\0"] {
+            assert!(!secret.matches(wrong), "{wrong:?}");
+        }
+    }
+
+    #[test]
+    fn random_tokens_are_long_and_fresh() {
+        let (a, b) = (random_token().unwrap(), random_token().unwrap());
+        assert_eq!(a.expose().len(), 64);
+        assert!(a.expose().chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
 }

@@ -134,7 +134,10 @@ impl Exposition {
 pub enum ParseError {
     #[error("exposition is {size} bytes, over the {max}-byte limit")]
     TooLarge { size: usize, max: usize },
-    #[error("line {line}: {message}: {text:?}")]
+    /// `text` (the start of the offending line) is kept for logs and tests but left out of the
+    /// message: the message reaches the UI, and a body fetched from an operator-typed URL must never
+    /// be echoed back through it.
+    #[error("line {line}: {message}")]
     Line { line: usize, message: String, text: String },
 }
 

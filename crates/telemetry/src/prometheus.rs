@@ -74,11 +74,16 @@ impl PromSource {
             if (200..300).contains(&status) {
                 PromError::Shape { url: url.clone(), detail: e.to_string() }
             } else {
-                PromError::Api { url: url.clone(), status, message: body.chars().take(200).collect() }
+                // Never the body: the URL may be anything the operator (or whoever reaches the app) typed.
+                PromError::Api {
+                    url: url.clone(),
+                    status,
+                    message: "the answer is not Prometheus' API JSON".into(),
+                }
             }
         })?;
         if json["status"] != "success" {
-            let message = json["error"].as_str().unwrap_or("no error message").to_string();
+            let message = scrape::short_reason(json["error"].as_str().unwrap_or("no error message"));
             return Err(PromError::Api { url, status, message });
         }
         Ok(json["data"].clone())

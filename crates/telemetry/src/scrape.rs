@@ -51,6 +51,20 @@ pub const TRUST_HINT: &str =
     "add its CA to the system's trust store, or point SSL_CERT_FILE at a PEM file that holds it";
 
 /// Whether a connection failed on the peer's TLS certificate (OpenSSL's words for it).
+/// A peer's own error message made fit to show: at most 120 characters, control characters and runs of
+/// white space folded to one space. For messages a peer's API gives in a structured field; a raw body
+/// is never shown (the URL was typed by whoever uses the app, so its answer may be anything).
+pub fn short_reason(message: &str) -> String {
+    const MAX_CHARS: usize = 120;
+    let folded: Vec<&str> =
+        message.split(|c: char| c.is_whitespace() || c.is_control()).filter(|w| !w.is_empty()).collect();
+    let folded = folded.join(" ");
+    match folded.char_indices().nth(MAX_CHARS) {
+        Some((cut, _)) => format!("{}...", &folded[..cut]),
+        None => folded,
+    }
+}
+
 pub fn untrusted_certificate(detail: &str) -> bool {
     detail.contains("certificate verify failed")
 }
@@ -160,6 +174,14 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_reasons_are_short_and_on_one_line() {
+        assert_eq!(short_reason("  bad\n\tquery\u{7}  here "), "bad query here");
+        let long = short_reason(&"é".repeat(500));
+        assert_eq!(long.chars().count(), 123);
+        assert!(long.ends_with("..."));
+    }
 
     #[test]
     fn an_untrusted_certificate_says_what_to_do() {

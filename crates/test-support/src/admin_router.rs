@@ -11,7 +11,7 @@ use crate::{RouterHandle, loopback_listener};
 pub async fn spawn_admin_router(replicas: &[String], token: &str) -> Result<RouterHandle> {
     spawn_router_with(RouterConfig {
         replicas: replicas.to_vec(),
-        admin_token: Some(token.to_owned()),
+        admin_token: Some(token.into()),
         ..Default::default()
     })
     .await

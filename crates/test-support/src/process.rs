@@ -118,6 +118,8 @@ pub struct HeadlessApp {
     pub process: ChildProcess,
     /// Base URL of the UI, e.g. `http://127.0.0.1:40123/`.
     pub url: String,
+    /// The launch secret from the URL the app printed (`?token=`).
+    pub token: String,
 }
 
 impl HeadlessApp {
@@ -125,18 +127,46 @@ impl HeadlessApp {
     pub fn api(&self, command: &str) -> String {
         format!("{}api/{command}", self.url)
     }
+
+    /// The sign-in URL a browser opens, landing on `fragment` (e.g. `#/fleet`): the app swaps the
+    /// token for its session cookie and redirects, and the browser keeps the fragment.
+    pub fn page(&self, fragment: &str) -> String {
+        format!("{}?token={}{fragment}", self.url, self.token)
+    }
+
+    /// An HTTP client signed in as a script is: the launch secret as a bearer token on every request.
+    pub fn client(&self) -> Result<reqwest::Client> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", self.token).parse()?);
+        Ok(reqwest::Client::builder().default_headers(headers).timeout(Duration::from_secs(20)).build()?)
+    }
+}
+
+/// Starts `fleetdeck --headless --listen 127.0.0.1:0` with `extra` arguments and environment, and reads
+/// the sign-in URL it prints.
+pub async fn spawn_headless(extra: &[String], envs: &[(&str, &str)]) -> Result<HeadlessApp> {
+    let mut args = vec!["--headless".to_string(), "--listen".into(), "127.0.0.1:0".into()];
+    args.extend_from_slice(extra);
+    let (process, printed) = spawn_and_await_line(
+        &bin_path("fleetdeck")?,
+        &args,
+        envs,
+        "Fleetdeck UI at",
+        Duration::from_secs(90),
+    )
+    .await?;
+    let (url, token) = printed
+        .split_once("?token=")
+        .with_context(|| format!("the app printed {printed:?}, with no ?token= to sign in with"))?;
+    Ok(HeadlessApp { process, url: url.to_owned(), token: token.to_owned() })
 }
 
 /// Starts `fleetdeck --headless` on a free loopback port watching `replicas`.
 pub async fn spawn_headless_app(replicas: &[String], db: &Path) -> Result<HeadlessApp> {
-    let mut args = vec!["--headless".to_string(), "--listen".into(), "127.0.0.1:0".into(), "--db".into()];
-    args.push(db.to_string_lossy().into_owned());
+    let mut args = vec!["--db".to_string(), db.to_string_lossy().into_owned()];
     for replica in replicas {
         args.push("--replica".into());
         args.push(replica.clone());
     }
-    let (process, url) =
-        spawn_and_await_line(&bin_path("fleetdeck")?, &args, &[], "Fleetdeck UI at", Duration::from_secs(60))
-            .await?;
-    Ok(HeadlessApp { process, url })
+    spawn_headless(&args, &[]).await
 }

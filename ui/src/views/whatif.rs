@@ -113,8 +113,8 @@ pub fn WhatIfView() -> impl IntoView {
                             <option value="3600">"1 h"</option>
                         </select>
                     </label>
-                    <label>" or a trace file "
-                        <input type="text" placeholder="/path/to/trace.jsonl" data-testid="whatif-trace"
+                    <label title="a file in the folder fleetdeck was started with --trace-dir">" or a trace file in the trace folder "
+                        <input type="text" placeholder="trace.jsonl" data-testid="whatif-trace"
                             prop:value=move || trace_path.get()
                             on:change=move |ev| trace_path.set(event_target_value(&ev)) />
                     </label>

@@ -215,7 +215,7 @@ async fn decisions_state_trace_and_metrics_show_the_traffic() -> Result<()> {
     let sim = spawn_sim(3, ModelConfig::default()).await?;
     let config = RouterConfig {
         replicas: sim.urls().to_vec(),
-        admin_token: Some(TOKEN.to_owned()),
+        admin_token: Some(TOKEN.into()),
         policy: "policy: cache_aware_approx\n".parse()?,
         ..RouterConfig::default()
     };
@@ -342,7 +342,7 @@ async fn an_answers_request_id_finds_its_decision_served_or_failed() -> Result<(
             format!("{},model=broken", broken_a.url()),
             format!("{},model=broken", broken_b.url()),
         ],
-        admin_token: Some(TOKEN.to_owned()),
+        admin_token: Some(TOKEN.into()),
         ..RouterConfig::default()
     })
     .await?;

@@ -118,7 +118,7 @@ mod tokenizer {
         let sim = spawn_sim(1, ModelConfig::default()).await?;
         let router = router(RouterConfig {
             replicas: sim.urls().to_vec(),
-            admin_token: Some(TOKEN.to_owned()),
+            admin_token: Some(TOKEN.into()),
             tokenizer: Some(path),
             ..RouterConfig::default()
         })

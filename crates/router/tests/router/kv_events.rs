@@ -26,7 +26,7 @@ async fn kv_precise_routes_by_the_replicas_own_kv_events() -> Result<()> {
     }
     let router = router(RouterConfig {
         replicas,
-        admin_token: Some(TOKEN.to_owned()),
+        admin_token: Some(TOKEN.into()),
         policy: "policy: kv_precise\n".parse()?,
         ..RouterConfig::default()
     })

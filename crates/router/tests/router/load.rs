@@ -114,7 +114,7 @@ async fn two_thousand_requests_per_second_survive_policy_swaps_and_a_replica_res
     let urls: Vec<String> = sims.iter().flatten().map(|s| s.url.clone()).collect();
     let router = router(RouterConfig {
         replicas: urls.clone(),
-        admin_token: Some(TOKEN.to_owned()),
+        admin_token: Some(TOKEN.into()),
         read_timeout: Duration::from_secs(20),
         ..RouterConfig::default()
     })

@@ -28,7 +28,7 @@ async fn a_killed_replica_leaves_rotation_within_two_seconds_and_returns_after_r
     let urls: Vec<String> = sims.iter().map(|s| s.url.clone()).collect();
     let router = router(RouterConfig {
         replicas: urls.clone(),
-        admin_token: Some(TOKEN.to_owned()),
+        admin_token: Some(TOKEN.into()),
         ..RouterConfig::default()
     })
     .await?;
@@ -92,7 +92,7 @@ async fn connect_failures_and_5xx_before_the_first_byte_are_retried_elsewhere() 
             format!("{failing},model={model}"),
             sim.urls()[0].clone(),
         ],
-        admin_token: Some(TOKEN.to_owned()),
+        admin_token: Some(TOKEN.into()),
         ..RouterConfig::default()
     })
     .await?;

@@ -42,7 +42,7 @@ pub async fn router(config: RouterConfig) -> Result<TestRouter> {
 pub async fn admin_router(replicas: &[String]) -> Result<TestRouter> {
     router(RouterConfig {
         replicas: replicas.to_vec(),
-        admin_token: Some(TOKEN.to_owned()),
+        admin_token: Some(TOKEN.into()),
         ..RouterConfig::default()
     })
     .await

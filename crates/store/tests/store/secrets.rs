@@ -15,11 +15,11 @@ fn token_files_are_private_and_too_open_ones_are_refused() {
     let path = dir.path().join("tokens").join("router-1.token");
     write_token_file(&path, TOKEN).unwrap();
     assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
-    assert_eq!(read_token_file(&path).unwrap(), TOKEN);
+    assert_eq!(read_token_file(&path).unwrap().expose(), TOKEN);
 
     // Rewriting replaces the token and keeps the mode.
     write_token_file(&path, "second").unwrap();
-    assert_eq!(read_token_file(&path).unwrap(), "second");
+    assert_eq!(read_token_file(&path).unwrap().expose(), "second");
 
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let err = read_token_file(&path).unwrap_err();
@@ -39,7 +39,7 @@ async fn the_database_holds_the_token_path_never_the_token(
     let store = open(options).await;
     store.register_router("default", "http://router-1", Some(&token_path)).await.unwrap();
     let stored = store.router_token_path("http://router-1").await.unwrap().unwrap();
-    assert_eq!(read_token_file(&stored).unwrap(), TOKEN);
+    assert_eq!(read_token_file(&stored).unwrap().expose(), TOKEN);
     store.close().await;
 
     // Nothing in the database file (or what is left of its WAL) contains the token.
