@@ -144,7 +144,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     screenshot(&browser, "rollout-policy.png").await?;
 
     // 2. Preview: candidate vs active on the routers' recorded traffic.
-    browser.goto(&app.page("#/whatif")).await?;
+    browser.goto(&app.view("#/whatif")).await?;
     let whatif = eventually("the what-if result", WAIT, || async {
         // Headings are upper-cased by CSS and WebDriver reports rendered text.
         let text = text_of(&browser, "[data-testid=whatif-result]").await?.to_lowercase();
@@ -159,7 +159,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     // 3. Push to both routers; both report the new version.
     let (v_a, _) = router_policy(&router_a).await?;
     let (v_b, _) = router_policy(&router_b).await?;
-    browser.goto(&app.page("#/push")).await?;
+    browser.goto(&app.view("#/push")).await?;
     eventually("both routers listed with their diff", WAIT, || async {
         let rows = browser.find_all(Locator::Css("[data-testid=diff-row]")).await?;
         Ok((rows.len() == 2).then_some(()))
@@ -246,7 +246,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     screenshot(&browser, "rollout-canary.png").await?;
 
     // 5. History: both versions, compared with deltas.
-    browser.goto(&app.page("#/history")).await?;
+    browser.goto(&app.view("#/history")).await?;
     let (first, canary) = eventually("the versions in the audit trail", WAIT, || async {
         let rows = browser.find_all(Locator::Css("[data-testid=history-version]")).await?;
         let mut labels = Vec::new();
@@ -283,7 +283,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     screenshot(&browser, "rollout-history.png").await?;
 
     // 6. A push whose version went stale is refused and shown so; an invalid spec reaches no router.
-    browser.goto(&app.page("#/push")).await?;
+    browser.goto(&app.view("#/push")).await?;
     set(&browser, "push-spec", json!("policy: consistent_hash\nparams:\n  load_factor: 2\n")).await?;
     eventually("a diff against the current versions", WAIT, || async {
         let diff = text_of(&browser, "[data-testid=push-routers]").await?;

@@ -177,7 +177,7 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     screenshot(&browser, "view-heat.png").await?;
 
     // ---- decisions: each shows its branch and every candidate with matched blocks
-    browser.goto(&app.page("#/decisions")).await?;
+    browser.goto(&app.view("#/decisions")).await?;
     let decision = eventually("a decision with its candidates", Duration::from_secs(30), || async {
         let Some(first) = browser.find_all(Locator::Css("[data-testid=decision]")).await?.into_iter().next()
         else {
@@ -193,7 +193,7 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     screenshot(&browser, "view-decisions.png").await?;
 
     // ---- headroom: achieved next to the pooled bound, from the recorded traffic
-    browser.goto(&app.page("#/headroom")).await?;
+    browser.goto(&app.view("#/headroom")).await?;
     let (achieved, bound) =
         eventually("headroom figures for the demo model", Duration::from_secs(60), || async {
             let rows = browser.find_all(Locator::Css("[data-testid=headroom-model]")).await?;
@@ -217,7 +217,7 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     screenshot(&browser, "view-headroom.png").await?;
 
     // ---- replica detail: charts from the history, and a marker once the policy changes
-    browser.goto(&app.page("#/fleet")).await?;
+    browser.goto(&app.view("#/fleet")).await?;
     let tile = eventually("a tile to click", Duration::from_secs(30), || async {
         Ok(browser.find_all(Locator::Css("[data-testid=replica-tile]")).await?.into_iter().next())
     })
@@ -258,7 +258,7 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     browser.find(Locator::Css("[data-testid=theme-toggle]")).await?.click().await?;
     let after = browser.execute("return document.documentElement.dataset.theme", vec![]).await?;
     assert_ne!(before, after, "the theme switch flips data-theme");
-    browser.goto(&app.page("#/fleet")).await?;
+    browser.goto(&app.view("#/fleet")).await?;
     if after != json!("dark") {
         browser.find(Locator::Css("[data-testid=theme-toggle]")).await?.click().await?;
     }
@@ -288,7 +288,7 @@ async fn settings_probe_added_endpoints_and_keep_router_tokens_out_of_sqlite() -
     .await?;
     assert!(empty.contains("Settings"), "{empty}");
 
-    browser.goto(&app.page("#/settings")).await?;
+    browser.goto(&app.view("#/settings")).await?;
     let add = |url: String| {
         let browser = &browser;
         async move {
@@ -359,7 +359,7 @@ async fn settings_probe_added_endpoints_and_keep_router_tokens_out_of_sqlite() -
     screenshot(&browser, "view-settings.png").await?;
 
     // The fleet now shows the added replica with its engine.
-    browser.goto(&app.page("#/fleet")).await?;
+    browser.goto(&app.view("#/fleet")).await?;
     eventually("the added replica's tile", Duration::from_secs(30), || async {
         let tiles = texts(&browser, "[data-testid=replica-tile]").await?;
         Ok(tiles.iter().any(|t| t.contains("vllm")).then_some(()))

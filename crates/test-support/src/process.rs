@@ -134,6 +134,12 @@ impl HeadlessApp {
         format!("{}?token={}{fragment}", self.url, self.token)
     }
 
+    /// The URL of `fragment` in a browser already signed in with [`HeadlessApp::page`]: a change of
+    /// fragment alone, so the UI keeps its state as when the operator clicks a tab.
+    pub fn view(&self, fragment: &str) -> String {
+        format!("{}{fragment}", self.url)
+    }
+
     /// An HTTP client signed in as a script is: the launch secret as a bearer token on every request.
     pub fn client(&self) -> Result<reqwest::Client> {
         let mut headers = reqwest::header::HeaderMap::new();
