@@ -10,6 +10,8 @@ mod admin;
 mod features;
 #[path = "router/kv_events.rs"]
 mod kv_events;
+#[path = "router/limits.rs"]
+mod limits;
 #[path = "router/load.rs"]
 mod load;
 #[path = "router/openai_client.rs"]

@@ -220,5 +220,10 @@ async fn settings_probe_at_once_persist_and_keep_tokens_in_0600_files() -> Resul
         .then_some(()))
     })
     .await?;
+
+    // Removing the router removes its token: the file the app wrote is deleted with it.
+    control.remove_endpoint(RemoveEndpointArgs { kind: EndpointKind::Router, url: router.url() }).await?;
+    assert!(!token_file.exists(), "the removed router's token file {} is still there", token_file.display());
+    assert!(control.settings().await?.routers.is_empty());
     Ok(())
 }
