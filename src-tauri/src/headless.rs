@@ -98,7 +98,7 @@ pub async fn run(
     let shutdown = cancel.cancelled_owned();
     match tls {
         Some(acceptor) => {
-            let listener = crate::tls_listener::TlsListener::new(listener, acceptor)?;
+            let listener = crate::tls_listener::listener(listener, acceptor)?;
             axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
         }
         None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await?,

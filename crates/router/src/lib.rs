@@ -29,6 +29,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod handshake;
 pub mod health;
 pub mod kv_events;
 pub mod metrics;
@@ -108,7 +109,7 @@ pub async fn start(
         }
         #[cfg(feature = "tls")]
         Some(tls) => {
-            let listener = tls::TlsListener::new(listener, tls::server_config(&tls.cert, &tls.key)?)?;
+            let listener = tls::listener(listener, tls::server_config(&tls.cert, &tls.key)?)?;
             tokio::spawn(async move {
                 serve::serve(listener, routes, deadlines, stop).await;
                 Ok(())
