@@ -5,12 +5,15 @@
 //! - [`browser`]: headless Chromium loading the headless app's UI.
 //! - [`rollout`]: the policy loop in Chromium: edit, what-if, push, canary rollback, history.
 //! - [`desktop`]: the real Tauri window under Xvfb, driven through tauri-driver.
+//! - [`package`]: the `.deb` of `cargo xtask dist`, unpacked into a clean folder, its installed
+//!   binary watching emulated replicas.
 //! - [`views`]: every view of the app in headless Chromium against the demo fleet, and the
 //!   overview's render time at 1,000 replicas.
 
 mod app;
 mod browser;
 mod desktop;
+mod package;
 mod probe;
 mod rollout;
 mod stack;

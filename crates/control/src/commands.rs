@@ -9,7 +9,7 @@ use fleetdeck_api::{
     ApiError, CMD_ABORT_CANARY, CMD_ADD_ENDPOINT, CMD_CANARY_STATUS, CMD_CANCEL_WHATIF, CMD_CHECK_SPEC,
     CMD_DECISIONS, CMD_FLEET_SNAPSHOT, CMD_HEADROOM, CMD_HEAT_MAP, CMD_HISTORY_COMPARE, CMD_POLICY_EDITOR,
     CMD_POLICY_HISTORY, CMD_PUSH_POLICY, CMD_REMOVE_ENDPOINT, CMD_REPLICA_HISTORY, CMD_SET_SCRAPE_INTERVAL,
-    CMD_SETTINGS, CMD_START_CANARY, CMD_START_WHATIF, CMD_WHATIF_STATUS,
+    CMD_SETTINGS, CMD_START_CANARY, CMD_START_DEMO, CMD_START_WHATIF, CMD_WHATIF_STATUS,
 };
 use serde_json::Value;
 
@@ -28,6 +28,7 @@ pub async fn dispatch(control: &Control, command: &str, args: Value) -> Result<V
         CMD_ADD_ENDPOINT => encode(control.add_endpoint(required(args)?).await),
         CMD_REMOVE_ENDPOINT => encode(control.remove_endpoint(required(args)?).await),
         CMD_SET_SCRAPE_INTERVAL => encode(control.set_scrape_interval(required(args)?).await),
+        CMD_START_DEMO => encode(control.start_demo(optional(args)?).await),
         CMD_POLICY_EDITOR => encode(control.policy_editor().await),
         CMD_CHECK_SPEC => encode(control.check_spec(required(args)?).await),
         CMD_PUSH_POLICY => encode(control.push_policy(required(args)?).await),

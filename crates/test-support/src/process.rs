@@ -129,6 +129,12 @@ impl HeadlessApp {
 
 /// Starts `fleetdeck --headless` on a free loopback port watching `replicas`.
 pub async fn spawn_headless_app(replicas: &[String], db: &Path) -> Result<HeadlessApp> {
+    spawn_headless_app_at(&bin_path("fleetdeck")?, replicas, db).await
+}
+
+/// [`spawn_headless_app`] with the `fleetdeck` binary at `program` (e.g. one installed from the
+/// package).
+pub async fn spawn_headless_app_at(program: &Path, replicas: &[String], db: &Path) -> Result<HeadlessApp> {
     let mut args = vec!["--headless".to_string(), "--listen".into(), "127.0.0.1:0".into(), "--db".into()];
     args.push(db.to_string_lossy().into_owned());
     for replica in replicas {
@@ -136,7 +142,6 @@ pub async fn spawn_headless_app(replicas: &[String], db: &Path) -> Result<Headle
         args.push(replica.clone());
     }
     let (process, url) =
-        spawn_and_await_line(&bin_path("fleetdeck")?, &args, &[], "Fleetdeck UI at", Duration::from_secs(60))
-            .await?;
+        spawn_and_await_line(program, &args, &[], "Fleetdeck UI at", Duration::from_secs(60)).await?;
     Ok(HeadlessApp { process, url })
 }
