@@ -89,6 +89,8 @@ async fn the_installed_package_has_its_entry_icon_and_man_page_and_watches_a_fle
     let man = root.join("usr/share/man/man1");
     let page = stdout_of("gzip", &["-dc", &path_arg(&man.join("fleetdeck.1.gz"))])?;
     assert!(page.contains(".TH fleetdeck"), "not a man page: {page:.200}");
+    // roff writes a hyphen as `\-`.
+    let page = page.replace("\\-", "-");
     for expected in ["--replica", "--prometheus", "--demo", "Three ways in"] {
         assert!(page.contains(expected), "the man page does not mention {expected}");
     }

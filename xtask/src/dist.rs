@@ -16,10 +16,21 @@ use crate::{Result, cargo, output, root, run, target_dir, timed};
 /// The Tauri CLI release used for bundling: the same minor version as the tauri crate in Cargo.lock.
 pub const TAURI_CLI_VERSION: &str = "2.12.5";
 
-/// `cargo xtask dist`: installs what is missing, builds the UI and the release app, packages it.
-pub fn dist() -> Result<()> {
+/// `cargo xtask dist [--debug]`: installs what is missing, builds the UI and the release app (or,
+/// with `--debug`, the debug build the tests use), packages it.
+pub fn dist(args: &[String]) -> Result<()> {
+    let debug = match args {
+        [] => false,
+        [flag] if flag == "--debug" => true,
+        other => return Err(format!("unknown arguments {other:?}; usage: cargo xtask dist [--debug]")),
+    };
     crate::setup(false)?;
     crate::build_ui()?;
+    if debug {
+        // The same set as `cargo xtask test` builds, so the two share every artifact.
+        timed("build", || run(cargo(), &["build", "--workspace", "--bins"], &[]))?;
+        return timed("deb package", || package(Profile::Debug)).map(|_| ());
+    }
     build_and_package().map(|_| ())
 }
 

@@ -48,7 +48,8 @@ commands:
   test             install what is missing, build everything (UI for wasm32 too, and the
                    .deb), run formatting and lint checks and every test
   ui               build the UI into ui/dist only
-  dist             build the release app and package it as a .deb (target/release/bundle/deb/)
+  dist [--debug]   build the release app and package it as a .deb (target/release/bundle/deb/);
+                   --debug packages the debug build instead (quick; what the tests install)
   setup [--test]   install what is missing only
   pgo router [--features F]
                    build fleet-router with profile-guided optimisation (the deployment build)
@@ -60,7 +61,7 @@ fn main() -> ExitCode {
         Some("demo") => demo(&args[1..]),
         Some("test") => test(),
         Some("ui") => build_ui(),
-        Some("dist") => dist::dist(),
+        Some("dist") => dist::dist(&args[1..]),
         Some("setup") => setup(args.get(1).is_some_and(|a| a == "--test")),
         Some("bench") => bench::run_bench(&args[1..]),
         Some("pgo") => pgo::run_pgo(&args[1..]),
