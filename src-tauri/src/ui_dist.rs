@@ -14,7 +14,9 @@ pub fn check(crate_dir: &Path) -> Result<(), String> {
     }
     // Named from the workspace root, where the commands are run.
     let shown = UI_DIST.trim_start_matches("../");
-    Err(format!("the UI is not built ({shown}/index.html is missing): run `cargo xtask ui` (or `cargo xtask demo`), then build again"))
+    Err(format!(
+        "the UI is not built ({shown}/index.html is missing): run `cargo xtask ui` (or `cargo xtask demo`), then build again"
+    ))
 }
 
 #[cfg(test)]

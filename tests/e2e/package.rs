@@ -82,7 +82,8 @@ async fn the_installed_package_has_its_entry_icon_and_man_page_and_watches_a_fle
     ensure!(installed.is_file(), "Exec={exec} but the package has no /usr/bin/{program}");
     let icon = desktop_value(&entry, "Icon").context("no Icon= in the desktop entry")?;
     let icon_path = root.join(format!("usr/share/icons/hicolor/256x256/apps/{icon}.png"));
-    let png = std::fs::read(&icon_path).with_context(|| format!("Icon={icon} but no {}", icon_path.display()))?;
+    let png =
+        std::fs::read(&icon_path).with_context(|| format!("Icon={icon} but no {}", icon_path.display()))?;
     assert!(png.starts_with(b"\x89PNG"), "{} is not a PNG", icon_path.display());
 
     // The man pages say what --help says, the three ways in included.
@@ -107,9 +108,10 @@ async fn the_installed_package_has_its_entry_icon_and_man_page_and_watches_a_fle
     let snap = eventually("both replicas scraped by the installed app", Duration::from_secs(60), || async {
         let snap = super::app::snapshot(&client, &api).await?;
         let ready = snap.replicas.len() == 2
-            && snap.replicas.iter().all(|r| {
-                matches!(r.scrape, ScrapeState::Ok { .. }) && r.engine.as_deref() == Some("vllm")
-            });
+            && snap
+                .replicas
+                .iter()
+                .all(|r| matches!(r.scrape, ScrapeState::Ok { .. }) && r.engine.as_deref() == Some("vllm"));
         Ok(ready.then_some(snap))
     })
     .await?;

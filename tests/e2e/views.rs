@@ -444,7 +444,9 @@ async fn the_first_window_adds_a_replica_or_starts_the_demo() -> Result<()> {
     let driver = chromedriver().await?;
     let browser = chromium_session(&driver).await?;
     browser.goto(&format!("{}#/fleet", app.url)).await?;
-    let tiles = || async { Ok::<_, anyhow::Error>(browser.find_all(Locator::Css("[data-testid=replica-tile]")).await?.len()) };
+    let tiles = || async {
+        Ok::<_, anyhow::Error>(browser.find_all(Locator::Css("[data-testid=replica-tile]")).await?.len())
+    };
 
     // A typo is named with the fix, and nothing is added.
     let field = browser.wait().for_element(Locator::Css("[data-testid=first-run-replica-url]")).await?;

@@ -108,25 +108,6 @@ impl DemoFleet {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_are_fresh_hex() {
-        let (a, b) = (fresh_token().unwrap(), fresh_token().unwrap());
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-    }
-
-    #[test]
-    fn the_demo_policy_is_cache_aware_and_valid() {
-        let spec: fleet_policy::PolicySpec = DEMO_POLICY.parse().unwrap();
-        assert_eq!(spec.policy, "cache_aware_approx");
-    }
-}
-
 /// Most replicas the UI may ask the demo for.
 const MAX_UI_DEMO_REPLICAS: u32 = 64;
 
@@ -160,5 +141,24 @@ impl crate::Control {
         let started = DemoStarted { replicas: demo.replica_urls, router: demo.router_url };
         *running = Some(started.clone());
         Ok(started)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_fresh_hex() {
+        let (a, b) = (fresh_token().unwrap(), fresh_token().unwrap());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn the_demo_policy_is_cache_aware_and_valid() {
+        let spec: fleet_policy::PolicySpec = DEMO_POLICY.parse().unwrap();
+        assert_eq!(spec.policy, "cache_aware_approx");
     }
 }

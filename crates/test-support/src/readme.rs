@@ -64,7 +64,10 @@ mod tests {
     fn continuations_comments_and_redirections_are_handled() {
         let text = "x-tool a --b c \\\n  --d e   # a comment\nother x-tool\nx-tool gen --n 3 > out.jsonl\n";
         let found = commands(text, "x-tool");
-        assert_eq!(found, vec![vec!["x-tool", "a", "--b", "c", "--d", "e"], vec!["x-tool", "gen", "--n", "3"]]);
+        assert_eq!(
+            found,
+            vec![vec!["x-tool", "a", "--b", "c", "--d", "e"], vec!["x-tool", "gen", "--n", "3"]]
+        );
     }
 
     #[test]

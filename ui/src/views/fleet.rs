@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use fleetdeck_api::{
-    AddEndpointArgs, ApiError, CMD_ADD_ENDPOINT, CMD_FLEET_SNAPSHOT, CMD_START_DEMO, DemoStarted, EndpointKind,
-    FleetSnapshot, FleetSnapshotArgs, ProbeReport, ReplicaRow, ScrapeState, StartDemoArgs,
+    AddEndpointArgs, ApiError, CMD_ADD_ENDPOINT, CMD_FLEET_SNAPSHOT, CMD_START_DEMO, DemoStarted,
+    EndpointKind, FleetSnapshot, FleetSnapshotArgs, ProbeReport, ReplicaRow, ScrapeState, StartDemoArgs,
 };
 use leptos::prelude::*;
 use leptos::task::spawn_local;
@@ -260,7 +260,11 @@ fn FirstRun() -> impl IntoView {
             })));
         });
     };
-    let url_form = move |kind: EndpointKind, url: RwSignal<String>, placeholder: &'static str, button: &'static str, slug: &'static str| {
+    let url_form = move |kind: EndpointKind,
+                         url: RwSignal<String>,
+                         placeholder: &'static str,
+                         button: &'static str,
+                         slug: &'static str| {
         view! {
             <form class="toolbar add-form" on:submit=move |ev| { ev.prevent_default(); add(kind, url); }>
                 <input
