@@ -10,12 +10,14 @@ mod history;
 mod probe;
 mod shell;
 mod tls_listener;
+#[cfg(test)]
+mod ui_dist;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::Parser;
+use clap::{CommandFactory as _, Parser};
 use fleetdeck_control::demo::{DemoConfig, DemoFleet};
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use tokio_util::sync::CancellationToken;
@@ -23,11 +25,26 @@ use tokio_util::sync::CancellationToken;
 /// Port the headless server prefers when `--listen` is not given.
 const DEFAULT_HEADLESS_PORT: u16 = 8610;
 
+/// The end of `--help` (and of the man page): the three ways to give the app a fleet.
+const WAYS_IN: &str = "\
+Three ways in:
+  fleetdeck --replica http://127.0.0.1:8100 --replica http://127.0.0.1:8101
+      watch replicas' /metrics directly (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM, Triton, Dynamo)
+  fleetdeck --prometheus http://127.0.0.1:9090
+      read the replicas a Prometheus server already scrapes (fleets too big to scrape from a laptop)
+  fleetdeck --demo
+      an embedded demo fleet: 4 emulated replicas, a fleet-router over them and steady traffic
+
+Add --router URL --router-token-file FILE for the heat map, decisions and policy views, and
+--headless to use a browser instead of a window. Started with none of these, the window opens
+on an empty fleet where replicas and Prometheus servers can be added (kept for the next start).";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "fleetdeck",
     version,
     about = "Watch and steer an LLM serving fleet",
+    after_help = WAYS_IN,
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -43,6 +60,10 @@ struct Cli {
     /// A replica to watch: its base URL (metrics at /metrics) or full metrics URL. Repeatable.
     #[arg(long = "replica")]
     replicas: Vec<String>,
+    /// A Prometheus server (base URL) whose scrape targets are replicas: their signals come
+    /// through PromQL. Repeatable.
+    #[arg(long = "prometheus")]
+    prometheus: Vec<String>,
     /// A fleet-router whose admin API feeds the heat map, decisions and headroom views. Repeatable;
     /// pair each with a --router-token-file in the same order.
     #[arg(long = "router")]
@@ -89,6 +110,12 @@ enum Tool {
     Probe(probe::ProbeArgs),
     /// Query the history database.
     History(history::HistoryArgs),
+    /// Write the man pages (fleetdeck.1 and one per tool) into a folder; used to package the app.
+    #[command(hide = true)]
+    Man {
+        /// The folder to write into (created if missing).
+        out_dir: PathBuf,
+    },
 }
 
 fn main() -> Result<()> {
@@ -102,12 +129,19 @@ fn main() -> Result<()> {
     match cli.tool {
         Some(Tool::Probe(args)) => return probe::run(args),
         Some(Tool::History(args)) => return history::run(args),
+        Some(Tool::Man { out_dir }) => return write_man_pages(&out_dir),
         None => {}
     }
     for url in &cli.replicas {
         anyhow::ensure!(
             url.starts_with("http://") || url.starts_with("https://"),
             "--replica {url:?} is not an http(s) URL; write it like http://127.0.0.1:8100"
+        );
+    }
+    for url in &cli.prometheus {
+        anyhow::ensure!(
+            url.starts_with("http://") || url.starts_with("https://"),
+            "--prometheus {url:?} is not an http(s) URL; write it like http://127.0.0.1:9090"
         );
     }
     for url in &cli.routers {
@@ -147,6 +181,7 @@ fn main() -> Result<()> {
         let mut config = ControlConfig::new(cli.replicas.clone(), db.clone());
         config.scrape_interval = scrape_interval;
         config.trace_dir = cli.trace_dir.clone();
+        config.prometheus = cli.prometheus.clone();
         for (i, url) in cli.routers.iter().enumerate() {
             config.routers.push(RouterTarget {
                 url: url.clone(),
@@ -209,6 +244,14 @@ fn find_display() -> Result<(), String> {
     Ok(())
 }
 
+/// Writes `fleetdeck.1` and a page per tool (`fleetdeck-probe.1`, ...) into `out_dir`, from the
+/// same definitions as `--help`, so the packaged pages never drift from the binary.
+fn write_man_pages(out_dir: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
+    clap_mangen::generate_to(Cli::command(), out_dir)
+        .with_context(|| format!("cannot write the man pages into {}", out_dir.display()))
+}
+
 /// Writes a tool's report to stdout in one go; a reader that stops early (`| head`) is not
 /// an error, and never a panic as `println!` would make it.
 fn write_stdout(report: &str) -> Result<()> {
@@ -216,5 +259,32 @@ fn write_stdout(report: &str) -> Result<()> {
     match std::io::stdout().lock().write_all(report.as_bytes()) {
         Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => Err(error.into()),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory as _, Parser as _};
+    use fleet_test_support::readme::{commands, readme_commands};
+
+    use super::{Cli, WAYS_IN};
+
+    #[test]
+    fn every_readme_example_parses_and_the_help_shows_the_three_ways_in() {
+        Cli::command().debug_assert();
+        let readme = readme_commands("fleetdeck");
+        for words in &readme {
+            if let Err(error) = Cli::try_parse_from(words) {
+                panic!("the README's `{}` does not parse: {error}", words.join(" "));
+            }
+        }
+        let help = commands(WAYS_IN, "fleetdeck");
+        let flags: Vec<&str> = help.iter().map(|words| words[1].as_str()).collect();
+        assert_eq!(flags, ["--replica", "--prometheus", "--demo"]);
+        for words in &help {
+            assert!(readme.contains(words), "--help's `{}` is not in the README", words.join(" "));
+        }
+        let rendered = Cli::command().render_help().to_string();
+        assert!(rendered.contains("Three ways in:"), "{rendered}");
     }
 }

@@ -10,7 +10,7 @@ use fleet_test_support::{eventually, spawn_router, spawn_sim};
 use fleetdeck_api::{ApiError, FleetSnapshot, ScrapeState};
 use serde_json::json;
 
-async fn snapshot(client: &reqwest::Client, url: &str) -> Result<FleetSnapshot> {
+pub(crate) async fn snapshot(client: &reqwest::Client, url: &str) -> Result<FleetSnapshot> {
     Ok(client.post(url).json(&json!({"window_s": 300})).send().await?.error_for_status()?.json().await?)
 }
 

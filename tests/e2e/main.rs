@@ -5,6 +5,8 @@
 //! - [`browser`]: headless Chromium loading the headless app's UI.
 //! - [`rollout`]: the policy loop in Chromium: edit, what-if, push, canary rollback, history.
 //! - [`desktop`]: the real Tauri window under Xvfb, driven through tauri-driver.
+//! - [`package`]: the `.deb` of `cargo xtask dist`, unpacked into a clean folder, its installed
+//!   binary watching emulated replicas.
 //! - [`security`]: the headless app against a same-laptop attacker: no sign-in, CSRF, DNS rebinding,
 //!   local files and bodies through the API, clear text beyond loopback.
 //! - [`views`]: every view of the app in headless Chromium against the demo fleet, and the
@@ -13,6 +15,7 @@
 mod app;
 mod browser;
 mod desktop;
+mod package;
 mod probe;
 mod rollout;
 mod security;

@@ -281,12 +281,14 @@ async fn settings_probe_added_endpoints_and_keep_router_tokens_out_of_sqlite() -
     let browser = chromium_session(&driver).await?;
     browser.goto(&app.page("#/fleet")).await?;
 
-    // An empty fleet says what to do.
-    let empty = eventually("the empty state", Duration::from_secs(30), || async {
-        Ok(texts(&browser, "[data-testid=empty-state]").await?.into_iter().next())
+    // An empty fleet says what to do: the three ways in, and where the rest is.
+    let first_run = eventually("the first-run panel", Duration::from_secs(30), || async {
+        Ok(texts(&browser, "[data-testid=first-run]").await?.into_iter().next())
     })
     .await?;
-    assert!(empty.contains("Settings"), "{empty}");
+    for way in ["Add replica", "Add Prometheus", "Start the demo fleet", "Settings"] {
+        assert!(first_run.contains(way), "{first_run}");
+    }
 
     browser.goto(&app.view("#/settings")).await?;
     let add = |url: String| {
@@ -413,6 +415,54 @@ async fn the_overview_renders_1000_replicas_and_reports_its_time_per_update() ->
         path.display()
     );
     screenshot(&browser, "view-fleet-1000.png").await?;
+    browser.close().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_first_window_adds_a_replica_or_starts_the_demo() -> Result<()> {
+    let sim = spawn_sim(1, ModelConfig::default()).await?;
+    let (first_dir, second_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let app = headless(&[], first_dir.path()).await?;
+    let driver = chromedriver().await?;
+    let browser = chromium_session(&driver).await?;
+    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    let tiles = || async {
+        Ok::<_, anyhow::Error>(browser.find_all(Locator::Css("[data-testid=replica-tile]")).await?.len())
+    };
+
+    // A typo is named with the fix, and nothing is added.
+    let field = browser.wait().for_element(Locator::Css("[data-testid=first-run-replica-url]")).await?;
+    screenshot(&browser, "view-first-run.png").await?;
+    field.send_keys("localhost:8000").await?;
+    browser.find(Locator::Css("[data-testid=first-run-add-replica]")).await?.click().await?;
+    let typo = eventually("the typo to be refused", Duration::from_secs(30), || async {
+        Ok(texts(&browser, "[data-testid=first-run-result]").await?.into_iter().next())
+    })
+    .await?;
+    assert!(typo.contains("http://"), "{typo}");
+    assert_eq!(tiles().await?, 0);
+
+    // A replica's URL: the panel gives way to the replica's tile.
+    field.clear().await?;
+    field.send_keys(&sim.urls()[0]).await?;
+    browser.find(Locator::Css("[data-testid=first-run-add-replica]")).await?.click().await?;
+    eventually("the added replica's tile, instead of the panel", Duration::from_secs(30), || async {
+        let panel = browser.find_all(Locator::Css("[data-testid=first-run]")).await?.len();
+        Ok((tiles().await? == 1 && panel == 0).then_some(()))
+    })
+    .await?;
+
+    // Another empty app: one click starts the demo fleet inside it, and its replicas fill the view.
+    let empty = headless(&[], second_dir.path()).await?;
+    browser.goto(&format!("{}#/fleet", empty.url)).await?;
+    browser.wait().for_element(Locator::Css("[data-testid=first-run-demo]")).await?.click().await?;
+    eventually("the demo's 4 replicas, scraped", Duration::from_secs(60), || async {
+        let values = texts(&browser, "[data-testid=replica-tile] .badge-engine").await?;
+        Ok((values.len() == 4 && values.iter().all(|v| v == "vllm")).then_some(()))
+    })
+    .await?;
+    screenshot(&browser, "view-first-run-demo.png").await?;
     browser.close().await?;
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! `cargo xtask`: the project's two set-up commands, `demo` and `test`, plus their parts.
+//! `cargo xtask`: the project's two set-up commands, `demo` and `test`, plus their parts and the
+//! Debian package (`dist`).
 //!
 //! Each command installs only what is missing (Debian packages, the wasm32 target,
 //! wasm-bindgen-cli at exactly Cargo.lock's version, tauri-driver), so a second run on the
@@ -6,6 +7,7 @@
 //! only: this crate must compile in seconds on a fresh machine.
 
 mod bench;
+mod dist;
 mod pgo;
 
 use std::env;
@@ -43,9 +45,11 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   demo [ARGS...]   install what is missing, build the UI and the app, start the app with
                    its embedded demo fleet (extra ARGS go to `fleetdeck`)
-  test             install what is missing, build everything (UI for wasm32 too), run
-                   formatting and lint checks and every test
+  test             install what is missing, build everything (UI for wasm32 too, and the
+                   .deb), run formatting and lint checks and every test
   ui               build the UI into ui/dist only
+  dist [--debug]   build the release app and package it as a .deb (target/release/bundle/deb/);
+                   --debug packages the debug build instead (quick; what the tests install)
   setup [--test]   install what is missing only
   pgo router [--features F]
                    build fleet-router with profile-guided optimisation (the deployment build)
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
         Some("demo") => demo(&args[1..]),
         Some("test") => test(),
         Some("ui") => build_ui(),
+        Some("dist") => dist::dist(&args[1..]),
         Some("setup") => setup(args.get(1).is_some_and(|a| a == "--test")),
         Some("bench") => bench::run_bench(&args[1..]),
         Some("pgo") => pgo::run_pgo(&args[1..]),
@@ -288,10 +293,17 @@ fn test() -> Result<()> {
     timed("lints", || {
         run(cargo(), &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &[])
     })?;
+    // The .deb (of the debug app just built), which the e2e test installs into a clean folder and runs.
+    let deb = timed("deb package", || dist::package(dist::Profile::Debug))?;
+    let deb = deb.to_string_lossy().into_owned();
     let bin_dir = target_dir().join("debug");
     let bin_dir = bin_dir.to_string_lossy().into_owned();
     timed("tests", || {
-        run(cargo(), &["test", "--workspace", "--no-fail-fast"], &[("FLEETDECK_BIN_DIR", &bin_dir)])
+        run(
+            cargo(),
+            &["test", "--workspace", "--no-fail-fast"],
+            &[("FLEETDECK_BIN_DIR", &bin_dir), ("FLEETDECK_DEB", &deb)],
+        )
     })?;
     // The router's optional features (HTTPS, tokenizer.json), linted and tested end to end; the
     // workspace run above builds it without them.

@@ -19,6 +19,8 @@ pub const CMD_ADD_ENDPOINT: &str = "add_endpoint";
 pub const CMD_REMOVE_ENDPOINT: &str = "remove_endpoint";
 /// Command: change the scrape interval. Args: [`ScrapeIntervalArgs`].
 pub const CMD_SET_SCRAPE_INTERVAL: &str = "set_scrape_interval";
+/// Command: start the embedded demo fleet inside the running app (once). Args: [`StartDemoArgs`].
+pub const CMD_START_DEMO: &str = "start_demo";
 
 /// Where a router's part of a combined view came from, and whether it answered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -278,6 +280,27 @@ pub struct RemoveEndpointArgs {
 pub struct ScrapeIntervalArgs {
     /// 0.2 .. 300 seconds.
     pub seconds: f64,
+}
+
+/// Arguments of [`CMD_START_DEMO`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StartDemoArgs {
+    /// Emulated replicas, 1 ..= 64.
+    pub replicas: u32,
+}
+
+impl Default for StartDemoArgs {
+    fn default() -> Self {
+        Self { replicas: 4 }
+    }
+}
+
+/// The demo fleet the app runs and watches (until it stops; never saved to the settings).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct DemoStarted {
+    pub replicas: Vec<String>,
+    /// The fleet-router the demo traffic goes through.
+    pub router: String,
 }
 
 /// What probing an endpoint found.

@@ -98,6 +98,42 @@ impl DemoFleet {
     }
 }
 
+/// Most replicas the UI may ask the demo for.
+const MAX_UI_DEMO_REPLICAS: u32 = 64;
+
+impl crate::Control {
+    /// Starts the demo fleet inside the running app and watches it, as `--demo` does: the first
+    /// window's way to try the app without a fleet. It runs until the app stops and is not saved
+    /// to the settings (its ports change every time). A second call answers with the running one.
+    pub async fn start_demo(
+        &self,
+        args: fleetdeck_api::StartDemoArgs,
+    ) -> Result<fleetdeck_api::DemoStarted, fleetdeck_api::ApiError> {
+        use fleetdeck_api::{ApiError, DemoStarted};
+        if args.replicas == 0 || args.replicas > MAX_UI_DEMO_REPLICAS {
+            return Err(ApiError::new(
+                "bad_request",
+                format!("a demo of {} replicas: pick 1 to {MAX_UI_DEMO_REPLICAS}", args.replicas),
+            ));
+        }
+        // Held across the start, so two clicks cannot start two demos.
+        let mut running = self.inner.demo.lock().await;
+        if let Some(demo) = running.as_ref() {
+            return Ok(demo.clone());
+        }
+        let config = DemoConfig { replicas: args.replicas as usize, ..DemoConfig::default() };
+        let demo = DemoFleet::start(&config, &self.inner.token_dir, &self.inner.cancel)
+            .await
+            .map_err(|e| ApiError::new("internal", format!("the demo fleet did not start: {e:#}")))?;
+        self.add_group(demo.replica_urls.clone());
+        self.inner.routers.add(demo.router.clone(), &self.inner.store).await;
+        self.inner.routers.poll().await;
+        let started = DemoStarted { replicas: demo.replica_urls, router: demo.router_url };
+        *running = Some(started.clone());
+        Ok(started)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

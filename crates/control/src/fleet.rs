@@ -46,6 +46,8 @@ pub struct ControlConfig {
     pub targets: Vec<String>,
     /// fleet-routers whose admin API feeds the heat map, decisions and headroom views.
     pub routers: Vec<RouterTarget>,
+    /// Prometheus servers whose targets are replicas (read through PromQL).
+    pub prometheus: Vec<String>,
     pub scrape_interval: Duration,
     pub limits: ScrapeLimits,
     /// The SQLite history file.
@@ -65,6 +67,7 @@ impl ControlConfig {
         Self {
             targets,
             routers: Vec::new(),
+            prometheus: Vec::new(),
             scrape_interval: Duration::from_secs(1),
             limits: ScrapeLimits::default(),
             settings_path: dir.join("settings.json"),
@@ -140,6 +143,8 @@ pub(crate) struct Inner {
     pub(crate) trace_dir: Option<PathBuf>,
     /// What the operator added in the app (persisted).
     pub(crate) saved: Mutex<SavedSettings>,
+    /// The demo fleet started from the UI, if any (`start_demo`).
+    pub(crate) demo: tokio::sync::Mutex<Option<fleetdeck_api::DemoStarted>>,
     pub(crate) prometheus: crate::sources::PromSources,
     /// Intended policy, canary and what-if jobs.
     pub(crate) rollout: crate::rollout::RolloutState,
@@ -202,6 +207,7 @@ impl Control {
             token_dir: config.token_dir,
             trace_dir: config.trace_dir,
             saved: Mutex::new(saved.clone()),
+            demo: Default::default(),
             prometheus: crate::sources::PromSources::default(),
             rollout: Default::default(),
         });
@@ -226,7 +232,13 @@ impl Control {
                 }
             }
         });
+        let mut prometheus = config.prometheus;
         for url in saved.prometheus {
+            if !prometheus.contains(&url) {
+                prometheus.push(url);
+            }
+        }
+        for url in prometheus {
             control.start_prometheus(&url);
         }
         Ok(control)

@@ -14,11 +14,24 @@ use tokio::net::TcpListener;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The end of `--help`: the README's examples (a unit test keeps the two the same).
+const EXAMPLES: &str = "\
+Examples:
+  fleet-router --listen 127.0.0.1:8080 --replica http://127.0.0.1:8100 --replica http://127.0.0.1:8101 \\
+    --policy-file policy.yaml --admin-token-file token --record traffic.jsonl
+      two replicas, a routing policy, the admin API (its token in a file) and recorded traffic
+  fleet-router --replica http://127.0.0.1:8100 --tls-cert cert.pem --tls-key key.pem --tokenizer tokenizer.json
+      HTTPS and token-exact prefix blocks (built with --features tls,tokenizer)
+
+The admin API (GET /admin/state, /admin/decisions, PUT /admin/policy, ...) needs the token as
+`Authorization: Bearer TOKEN`; /metrics is open.";
+
 #[derive(Parser)]
 #[command(
     name = "fleet-router",
     version,
-    about = "OpenAI-compatible, cache-aware streaming router for LLM replicas"
+    about = "OpenAI-compatible, cache-aware streaming router for LLM replicas",
+    after_help = EXAMPLES
 )]
 struct Cli {
     /// Address to listen on. Loopback by default; bind 0.0.0.0 only behind a firewall (and with --tls-*).
@@ -210,4 +223,28 @@ fn stop_signal() -> Result<impl std::future::Future<Output = &'static str>> {
             _ = interrupt.recv() => "SIGINT",
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory as _, Parser as _};
+    use fleet_test_support::readme::{commands, readme_commands};
+
+    use super::{Cli, EXAMPLES};
+
+    #[test]
+    fn every_readme_example_parses_and_the_help_shows_the_readmes() {
+        Cli::command().debug_assert();
+        let readme = readme_commands("fleet-router");
+        for words in &readme {
+            if let Err(error) = Cli::try_parse_from(words) {
+                panic!("the README's `{}` does not parse: {error}", words.join(" "));
+            }
+        }
+        let help = commands(EXAMPLES, "fleet-router");
+        assert!(!help.is_empty(), "--help shows no example");
+        for words in &help {
+            assert!(readme.contains(words), "--help's `{}` is not in the README", words.join(" "));
+        }
+    }
 }

@@ -12,11 +12,30 @@ use clap::{Parser, Subcommand};
 use fleet_sim::load::{self, LoadConfig, LoadStats};
 use tokio_util::sync::CancellationToken;
 
+/// The end of `--help`: the README's examples (a unit test keeps the two the same).
+const EXAMPLES: &str = "\
+Examples:
+  fleet-sim serve --replicas 4 --base-port 8100
+      4 vLLM-like replicas on 127.0.0.1:8100..8103
+  fleet-sim serve --replicas 256 --base-port 9000 --flavor sglang --profile llama-3.1-70b-8xh100 \\
+    --kv-events tcp://127.0.0.1:5557 --kv-events-encoding array \\
+    --admin-listen 127.0.0.1:8199 --admin-token-file token
+      256 SGLang-like replicas with KV events (on 5557+i) and the fault-injection admin API
+  fleet-sim gen --requests 12000 --seed 7 > workload.jsonl
+      a seeded workload: tenants, sessions, RAG, bursts
+  fleet-sim replay --trace workload.jsonl --replicas 16 --policy kv_precise --json
+      what-if: that workload on 16 emulated replicas under one policy
+  fleet-sim compare --trace traffic.jsonl --replicas 8 --policies round_robin,cache_aware_approx,kv_precise
+      a router's recorded traffic under three policies, side by side
+  fleet-sim load --target http://127.0.0.1:8080 --rps 8
+      steady prefix-sharing traffic through a router";
+
 #[derive(Parser)]
 #[command(
     name = "fleet-sim",
     version,
-    about = "Emulated LLM replicas with vLLM's interfaces, and traffic for them"
+    about = "Emulated LLM replicas with vLLM's interfaces, and traffic for them",
+    after_help = EXAMPLES
 )]
 struct Cli {
     #[command(subcommand)]
@@ -93,4 +112,28 @@ async fn main() -> Result<()> {
         Command::Gen(args) => cli_replay::run_gen(args)?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory as _, Parser as _};
+    use fleet_test_support::readme::{commands, readme_commands};
+
+    use super::{Cli, EXAMPLES};
+
+    #[test]
+    fn every_readme_example_parses_and_the_help_shows_the_readmes() {
+        Cli::command().debug_assert();
+        let readme = readme_commands("fleet-sim");
+        for words in &readme {
+            if let Err(error) = Cli::try_parse_from(words) {
+                panic!("the README's `{}` does not parse: {error}", words.join(" "));
+            }
+        }
+        let help = commands(EXAMPLES, "fleet-sim");
+        assert!(help.len() >= 5, "--help shows too few examples: {help:?}");
+        for words in &help {
+            assert!(readme.contains(words), "--help's `{}` is not in the README", words.join(" "));
+        }
+    }
 }

@@ -6,6 +6,7 @@
 pub mod admin_router;
 pub mod endpoints;
 pub mod process;
+pub mod readme;
 pub mod tls;
 pub mod wait;
 pub mod webdriver;

@@ -151,16 +151,15 @@ impl HeadlessApp {
 /// Starts `fleetdeck --headless --listen 127.0.0.1:0` with `extra` arguments and environment, and reads
 /// the sign-in URL it prints.
 pub async fn spawn_headless(extra: &[String], envs: &[(&str, &str)]) -> Result<HeadlessApp> {
+    spawn_headless_at(&bin_path("fleetdeck")?, extra, envs).await
+}
+
+/// [`spawn_headless`] with the `fleetdeck` binary at `program` (e.g. one installed from the package).
+pub async fn spawn_headless_at(program: &Path, extra: &[String], envs: &[(&str, &str)]) -> Result<HeadlessApp> {
     let mut args = vec!["--headless".to_string(), "--listen".into(), "127.0.0.1:0".into()];
     args.extend_from_slice(extra);
-    let (process, printed) = spawn_and_await_line(
-        &bin_path("fleetdeck")?,
-        &args,
-        envs,
-        "Fleetdeck UI at",
-        Duration::from_secs(90),
-    )
-    .await?;
+    let (process, printed) =
+        spawn_and_await_line(program, &args, envs, "Fleetdeck UI at", Duration::from_secs(90)).await?;
     let (url, token) = printed
         .split_once("?token=")
         .with_context(|| format!("the app printed {printed:?}, with no ?token= to sign in with"))?;
@@ -169,10 +168,16 @@ pub async fn spawn_headless(extra: &[String], envs: &[(&str, &str)]) -> Result<H
 
 /// Starts `fleetdeck --headless` on a free loopback port watching `replicas`.
 pub async fn spawn_headless_app(replicas: &[String], db: &Path) -> Result<HeadlessApp> {
+    spawn_headless_app_at(&bin_path("fleetdeck")?, replicas, db).await
+}
+
+/// [`spawn_headless_app`] with the `fleetdeck` binary at `program` (e.g. one installed from the
+/// package).
+pub async fn spawn_headless_app_at(program: &Path, replicas: &[String], db: &Path) -> Result<HeadlessApp> {
     let mut args = vec!["--db".to_string(), db.to_string_lossy().into_owned()];
     for replica in replicas {
         args.push("--replica".into());
         args.push(replica.clone());
     }
-    spawn_headless(&args, &[]).await
+    spawn_headless_at(program, &args, &[]).await
 }

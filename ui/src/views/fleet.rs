@@ -9,12 +9,15 @@
 
 use std::collections::HashMap;
 
-use fleetdeck_api::{CMD_FLEET_SNAPSHOT, FleetSnapshot, FleetSnapshotArgs, ReplicaRow, ScrapeState};
+use fleetdeck_api::{
+    AddEndpointArgs, ApiError, CMD_ADD_ENDPOINT, CMD_FLEET_SNAPSHOT, CMD_START_DEMO, DemoStarted,
+    EndpointKind, FleetSnapshot, FleetSnapshotArgs, ProbeReport, ReplicaRow, ScrapeState, StartDemoArgs,
+};
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use wasm_bindgen::{JsCast, JsValue};
 
-use crate::app::{ErrorBanner, local_clock, perf_now, sleep_ms, utc_offset_min};
+use crate::app::{ErrorBanner, Progress, local_clock, perf_now, sleep_ms, utc_offset_min};
 use crate::route::{Route, query_param};
 use crate::tiles::{self, SortBy, TileSignal};
 use crate::{chart, format, transport};
@@ -112,6 +115,8 @@ pub fn FleetView(last_update: RwSignal<Option<i64>>) -> impl IntoView {
     });
     let small =
         Memo::new(move |_| snapshot.with(|s| s.as_ref().is_some_and(|s| s.replicas.len() <= TABLE_MAX_ROWS)));
+    // A memo, so the first-run panel (and what is typed in it) survives the refreshes.
+    let no_fleet = Memo::new(move |_| snapshot.with(|s| s.as_ref().is_some_and(|s| s.replicas.is_empty())));
 
     view! {
         <section class="view fleet">
@@ -171,6 +176,9 @@ pub fn FleetView(last_update: RwSignal<Option<i64>>) -> impl IntoView {
                         {move || if matches!(signal.get(), TileSignal::HitRate | TileSignal::KvUsage) { "100%".to_owned() } else { "fleet max".to_owned() }}
                     </span>
                 </div>
+                <Show when=move || no_fleet.get()>
+                    <FirstRun />
+                </Show>
                 {move || grid_placeholder(snapshot, visible)}
                 <div class="fleet-grid" data-testid="fleet-grid" on:keydown=grid_keys>
                     <For
@@ -208,16 +216,110 @@ fn summary(snapshot: RwSignal<Option<FleetSnapshot>>, visible: Memo<Vec<u32>>) -
 fn grid_placeholder(snapshot: RwSignal<Option<FleetSnapshot>>, visible: Memo<Vec<u32>>) -> Option<AnyView> {
     let (title, hint) = snapshot.with(|s| match s {
         None => Some(("Waiting for the first snapshot…", "The app is scraping the replicas.")),
-        Some(s) if s.replicas.is_empty() => Some((
-            "No replicas are being watched yet.",
-            "Add replica URLs or a Prometheus server in Settings (key 5), or start the app with --replica URL or --demo.",
-        )),
+        // The first-run panel says what to do.
+        Some(s) if s.replicas.is_empty() => None,
         Some(_) if visible.with(Vec::is_empty) => {
             Some(("No replica matches the filter.", "Clear the filter or untick \"failing only\"."))
         }
         Some(_) => None,
     })?;
     Some(view! { <crate::app::EmptyState title=title hint=hint /> }.into_any())
+}
+
+/// What the first window shows while no fleet is watched: the three ways in, each a click away.
+/// What is added here is kept for the next start (as in Settings); the demo is not.
+#[component]
+fn FirstRun() -> impl IntoView {
+    let replica_url = RwSignal::new(String::new());
+    let prometheus_url = RwSignal::new(String::new());
+    let busy = RwSignal::new(None::<String>);
+    let outcome = RwSignal::new(None::<Result<String, ApiError>>);
+
+    let add = move |kind: EndpointKind, url: RwSignal<String>| {
+        let args = AddEndpointArgs { kind, url: url.get_untracked(), token: None };
+        busy.set(Some(format!("probing {}…", args.url)));
+        outcome.set(None);
+        spawn_local(async move {
+            let result = transport::call::<_, ProbeReport>(CMD_ADD_ENDPOINT, &args).await;
+            busy.set(None);
+            // Added even when the probe failed (it may come up later); the report says why.
+            outcome.set(Some(result.map(|report| match report.error {
+                Some(error) => format!("added {}, but it does not answer yet: {error}", report.url),
+                None => format!("added {}", report.url),
+            })));
+        });
+    };
+    let start_demo = move || {
+        busy.set(Some("starting the demo fleet…".to_owned()));
+        outcome.set(None);
+        spawn_local(async move {
+            let result = transport::call::<_, DemoStarted>(CMD_START_DEMO, &StartDemoArgs::default()).await;
+            busy.set(None);
+            outcome.set(Some(result.map(|demo| {
+                format!("demo fleet started: {} replicas, router at {}", demo.replicas.len(), demo.router)
+            })));
+        });
+    };
+    let url_form = move |kind: EndpointKind,
+                         url: RwSignal<String>,
+                         placeholder: &'static str,
+                         button: &'static str,
+                         slug: &'static str| {
+        view! {
+            <form class="toolbar add-form" on:submit=move |ev| { ev.prevent_default(); add(kind, url); }>
+                <input
+                    type="url"
+                    class="wide"
+                    placeholder=placeholder
+                    data-testid=format!("first-run-{slug}-url")
+                    prop:value=move || url.get()
+                    on:input=move |ev| url.set(event_target_value(&ev))
+                />
+                <button type="submit" data-testid=format!("first-run-add-{slug}") disabled=move || busy.with(Option::is_some)>
+                    {button}
+                </button>
+            </form>
+        }
+    };
+
+    view! {
+        <div class="first-run" data-testid="first-run">
+            <strong>"No fleet is watched yet. Three ways in:"</strong>
+            <ol>
+                <li>
+                    <span>"Watch replicas directly: a replica's base URL or metrics URL (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM, Triton, Dynamo)."</span>
+                    {url_form(EndpointKind::Replica, replica_url, "http://10.0.0.5:8000", "Add replica", "replica")}
+                </li>
+                <li>
+                    <span>"Or read them from a Prometheus server that already scrapes them: its URL."</span>
+                    {url_form(EndpointKind::Prometheus, prometheus_url, "http://127.0.0.1:9090", "Add Prometheus", "prometheus")}
+                </li>
+                <li>
+                    <span>"Or try the demo: 4 emulated replicas, a fleet-router over them and steady traffic, inside the app."</span>
+                    <button
+                        class="primary"
+                        data-testid="first-run-demo"
+                        disabled=move || busy.with(Option::is_some)
+                        on:click=move |_| start_demo()
+                    >
+                        "Start the demo fleet"
+                    </button>
+                </li>
+            </ol>
+            {move || busy.get().map(|text| view! { <Progress text=Signal::derive(move || text.clone()) /> })}
+            {move || outcome.get().map(|result| match result {
+                Ok(text) => view! { <span class="first-run-note" data-testid="first-run-result">{text}</span> }.into_any(),
+                Err(error) => view! {
+                    <span class="first-run-note first-run-error" data-testid="first-run-result">{error.message}</span>
+                }
+                .into_any(),
+            })}
+            <span class="hint">
+                "Added replicas and Prometheus servers are kept for the next start and listed in Settings (key 5), "
+                "where fleet-routers are added too. From a terminal: fleetdeck --replica URL, --prometheus URL or --demo (see fleetdeck --help)."
+            </span>
+        </div>
+    }
 }
 
 /// Arrow keys move the focus between tiles: left/right by one, up/down by a row.

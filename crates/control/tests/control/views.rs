@@ -12,7 +12,7 @@ use fleet_test_support::endpoints::garbage_metrics;
 use fleet_test_support::{eventually, spawn_sim};
 use fleetdeck_api::{
     AddEndpointArgs, DecisionsArgs, EndpointKind, HeadroomArgs, HeatMapArgs, RemoveEndpointArgs,
-    ReplicaHistoryArgs, ScrapeIntervalArgs,
+    ReplicaHistoryArgs, ScrapeIntervalArgs, StartDemoArgs,
 };
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use serde_json::json;
@@ -225,5 +225,39 @@ async fn settings_probe_at_once_persist_and_keep_tokens_in_0600_files() -> Resul
     control.remove_endpoint(RemoveEndpointArgs { kind: EndpointKind::Router, url: router.url() }).await?;
     assert!(!token_file.exists(), "the removed router's token file {} is still there", token_file.display());
     assert!(control.settings().await?.routers.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_demo_starts_from_an_empty_app_once_and_is_not_saved() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(ControlConfig::new(vec![], dir.path().join("history.sqlite")), stop).await?;
+    let args = fleetdeck_api::FleetSnapshotArgs { window_s: 60, synthetic: 0, skip_series: true };
+    assert!(control.fleet_snapshot(args).await?.replicas.is_empty());
+
+    let too_big = control.start_demo(StartDemoArgs { replicas: 1000 }).await.unwrap_err();
+    assert_eq!(too_big.code, "bad_request");
+    let demo = control.start_demo(StartDemoArgs { replicas: 2 }).await?;
+    assert_eq!(demo.replicas.len(), 2);
+    // A second click answers with the running demo instead of starting another.
+    assert_eq!(control.start_demo(StartDemoArgs { replicas: 3 }).await?, demo);
+
+    let snap = eventually("the demo replicas to be scraped", Duration::from_secs(30), || async {
+        let snap = control.fleet_snapshot(args).await?;
+        Ok(snap.replicas.iter().all(|r| r.engine.as_deref() == Some("vllm")).then_some(snap))
+    })
+    .await?;
+    let mut watched: Vec<String> = snap.replicas.iter().map(|r| r.url.clone()).collect();
+    watched.sort();
+    let mut started = demo.replicas.clone();
+    started.sort();
+    assert_eq!(watched, started);
+    let view = control.settings().await?;
+    assert_eq!(view.routers.len(), 1, "the demo's router feeds the router views");
+    // The demo's ports change every start, so nothing of it is kept for the next one.
+    let saved = fleetdeck_control::settings::SavedSettings::load(&dir.path().join("settings.json"))?;
+    assert_eq!(saved, Default::default());
     Ok(())
 }
