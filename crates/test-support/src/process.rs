@@ -155,7 +155,11 @@ pub async fn spawn_headless(extra: &[String], envs: &[(&str, &str)]) -> Result<H
 }
 
 /// [`spawn_headless`] with the `fleetdeck` binary at `program` (e.g. one installed from the package).
-pub async fn spawn_headless_at(program: &Path, extra: &[String], envs: &[(&str, &str)]) -> Result<HeadlessApp> {
+pub async fn spawn_headless_at(
+    program: &Path,
+    extra: &[String],
+    envs: &[(&str, &str)],
+) -> Result<HeadlessApp> {
     let mut args = vec!["--headless".to_string(), "--listen".into(), "127.0.0.1:0".into()];
     args.extend_from_slice(extra);
     let (process, printed) =
