@@ -8,8 +8,9 @@
 use fleetdeck_api::{
     ApiError, CMD_ABORT_CANARY, CMD_ADD_ENDPOINT, CMD_CANARY_STATUS, CMD_CANCEL_WHATIF, CMD_CHECK_SPEC,
     CMD_DECISIONS, CMD_FLEET_SNAPSHOT, CMD_HEADROOM, CMD_HEAT_MAP, CMD_HISTORY_COMPARE, CMD_POLICY_EDITOR,
-    CMD_POLICY_HISTORY, CMD_PUSH_POLICY, CMD_REMOVE_ENDPOINT, CMD_REPLICA_HISTORY, CMD_SET_SCRAPE_INTERVAL,
-    CMD_SETTINGS, CMD_START_CANARY, CMD_START_WHATIF, CMD_WHATIF_STATUS,
+    CMD_POLICY_HISTORY, CMD_PUSH_POLICY, CMD_PUSH_STORE_POLICY, CMD_REMOVE_ENDPOINT, CMD_REPLICA_HISTORY,
+    CMD_ROLLBACK_STORE_POLICY, CMD_SET_SCRAPE_INTERVAL, CMD_SETTINGS, CMD_START_CANARY, CMD_START_WHATIF,
+    CMD_STORE_DRIFT, CMD_STORE_POLICY, CMD_WHATIF_STATUS,
 };
 use serde_json::Value;
 
@@ -37,6 +38,10 @@ pub async fn dispatch(control: &Control, command: &str, args: Value) -> Result<V
         CMD_START_WHATIF => encode(control.start_whatif(required(args)?).await),
         CMD_WHATIF_STATUS => encode(control.whatif_status(required(args)?).await),
         CMD_CANCEL_WHATIF => encode(control.cancel_whatif(required(args)?).await),
+        CMD_STORE_POLICY => encode(control.store_policy(optional(args)?).await),
+        CMD_PUSH_STORE_POLICY => encode(control.push_store_policy(required(args)?).await),
+        CMD_ROLLBACK_STORE_POLICY => encode(control.rollback_store_policy(required(args)?).await),
+        CMD_STORE_DRIFT => encode(control.store_drift().await),
         CMD_POLICY_HISTORY => encode(control.policy_history().await),
         CMD_HISTORY_COMPARE => encode(control.history_compare(required(args)?).await),
         other => Err(ApiError::new("unknown_command", format!("there is no command {other:?}"))),

@@ -54,6 +54,10 @@ pub struct ControlConfig {
     pub settings_path: PathBuf,
     /// Folder of the routers' 0600 token files (default: `tokens/` beside the database).
     pub token_dir: PathBuf,
+    /// The etcd key the fleet's routers take their policy from, if they do (`--policy-etcd`).
+    pub policy_store: Option<crate::policy_store::PolicyStoreConfig>,
+    /// Sources of replicas and routers read every scrape interval (a watched file, DNS SRV).
+    pub discovery: Vec<crate::discovery::DiscoverySource>,
 }
 
 impl ControlConfig {
@@ -66,6 +70,8 @@ impl ControlConfig {
             limits: ScrapeLimits::default(),
             settings_path: dir.join("settings.json"),
             token_dir: dir.join("tokens"),
+            policy_store: None,
+            discovery: Vec::new(),
             db_path,
         }
     }
@@ -138,6 +144,10 @@ pub(crate) struct Inner {
     pub(crate) prometheus: crate::sources::PromSources,
     /// Intended policy, canary and what-if jobs.
     pub(crate) rollout: crate::rollout::RolloutState,
+    /// The fleet's policy key in etcd, when its routers watch one.
+    pub(crate) policy_store: Option<crate::policy_store::PolicyStore>,
+    /// What each discovery source found last.
+    pub(crate) discovery: crate::discovery::Discovery,
 }
 
 pub fn unix_ms_now() -> i64 {
@@ -184,6 +194,12 @@ impl Control {
                 });
             }
         }
+        let policy_store = match &config.policy_store {
+            Some(store) => {
+                Some(crate::policy_store::PolicyStore::new(store).context("invalid --policy-etcd")?)
+            }
+            None => None,
+        };
         let routers = Routers::new(http.clone(), routers, &store).await;
         let inner = Arc::new(Inner {
             store,
@@ -198,6 +214,8 @@ impl Control {
             saved: Mutex::new(saved.clone()),
             prometheus: crate::sources::PromSources::default(),
             rollout: Default::default(),
+            policy_store,
+            discovery: Default::default(),
         });
         let control = Self { inner };
         let mut targets = config.targets.clone();
@@ -222,6 +240,9 @@ impl Control {
         });
         for url in saved.prometheus {
             control.start_prometheus(&url);
+        }
+        for source in config.discovery {
+            control.start_discovery(source);
         }
         Ok(control)
     }

@@ -293,6 +293,11 @@ impl Control {
         Some(last)
     }
 
+    /// Remembers `spec` as what the fleet is meant to run (a push from this app took effect).
+    pub(crate) fn set_intended(&self, label: &str, spec: PolicySpec) {
+        *lock(&self.rollout().intended) = Some((label.to_owned(), spec));
+    }
+
     /// Each router's client by URL, or an error naming the routers there are.
     fn clients_for(&self, urls: &[String]) -> Result<Vec<AdminClient>, ApiError> {
         let known: Vec<AdminClient> = self.inner.routers.clients().into_iter().map(|(c, _)| c).collect();
@@ -324,7 +329,7 @@ impl Control {
     }
 
     /// Records a new version in the audit trail under a fresh label.
-    async fn record_version(
+    pub(crate) async fn record_version(
         &self,
         spec: &PolicySpec,
         author: &str,

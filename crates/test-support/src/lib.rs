@@ -5,6 +5,7 @@
 
 pub mod admin_router;
 pub mod endpoints;
+pub mod etcd;
 pub mod process;
 pub mod tls;
 pub mod wait;
