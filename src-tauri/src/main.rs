@@ -67,6 +67,17 @@ struct Cli {
     /// PKCS#8 PEM key of --etcd-cert.
     #[arg(long, requires = "etcd_cert")]
     etcd_key: Option<PathBuf>,
+    /// Find replicas (and routers) in this file, read again every scrape interval: Prometheus file_sd,
+    /// {replicas: [...], routers: [{url, token_file}]} or a list of URLs, in JSON or YAML. Repeatable.
+    #[arg(long = "discover-file", value_name = "FILE")]
+    discover_files: Vec<PathBuf>,
+    /// Find replicas in the SRV records of this name (e.g. _vllm._tcp.fleet.internal), asked every scrape
+    /// interval. Repeatable.
+    #[arg(long = "discover-srv", value_name = "NAME")]
+    discover_srv: Vec<String>,
+    /// DNS server for --discover-srv (default: the first nameserver of /etc/resolv.conf).
+    #[arg(long, value_name = "HOST:PORT")]
+    dns_server: Option<SocketAddr>,
     /// Seconds between scrapes of each replica.
     #[arg(long, default_value_t = 1.0)]
     scrape_interval: f64,
@@ -138,6 +149,14 @@ fn main() -> Result<()> {
     let control = runtime.block_on(async {
         let mut config = ControlConfig::new(cli.replicas.clone(), db.clone());
         config.scrape_interval = scrape_interval;
+        for path in &cli.discover_files {
+            config.discovery.push(fleetdeck_control::DiscoverySource::File(path.clone()));
+        }
+        for name in &cli.discover_srv {
+            config
+                .discovery
+                .push(fleetdeck_control::DiscoverySource::Srv { name: name.clone(), server: cli.dns_server });
+        }
         if let (Some(endpoints), Some(key)) = (&cli.policy_etcd, &cli.policy_key) {
             use fleetdeck_control::fleet_etcd::{Credentials, EtcdConfig, TlsFiles};
             let mut etcd = EtcdConfig::new(endpoints);

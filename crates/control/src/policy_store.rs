@@ -9,10 +9,11 @@
 //! stay in memory (fleet-etcd keeps them out of `Debug`), never in SQLite or logs.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use fleet_etcd::{EtcdClient, EtcdConfig, EtcdError};
+use fleet_etcd::{EtcdClient, EtcdConfig, EtcdError, KeyValue};
 use fleet_policy::PolicySpec;
-use fleet_rollout::StoreReport;
+use fleet_rollout::{PushOutcome, StoreReport};
 use fleetdeck_api::{
     ApiError, KeyDrift, LaggingRouter, StoreDrift, StoreKeyArgs, StorePolicy, StorePushArgs, StorePushReport,
     StoreRollbackArgs,
@@ -118,6 +119,63 @@ fn report_of(state: Result<crate::admin::RouterState, String>) -> StoreReport {
     }
 }
 
+/// The newest value before `current` that routers would accept (invalid ones are skipped).
+async fn previous_valid(store: &PolicyStore, key: &str, current: &KeyValue) -> Result<PolicySpec, ApiError> {
+    let mut at = current.clone();
+    for _ in 0..MAX_ROLLBACK_STEPS {
+        // A key's first value (its creation) has nothing before it.
+        if at.mod_revision <= at.create_revision.max(1) {
+            break;
+        }
+        let earlier = store.client.get_at(key, at.mod_revision - 1).await.map_err(|error| match error {
+            EtcdError::Server { code: 11, .. } => ApiError::new(
+                "no_previous_version",
+                format!(
+                    "etcd compacted {key}'s history, so its previous value is gone; push the version to restore from the history view"
+                ),
+            ),
+            other => store_error(other),
+        })?;
+        let Some(kv) = earlier.kv else { break };
+        if let Ok(spec) = spec_of(&kv.value) {
+            return Ok(spec);
+        }
+        at = kv;
+    }
+    Err(ApiError::new(
+        "no_previous_version",
+        format!("{key} has no earlier valid value in etcd's history to roll back to"),
+    ))
+}
+
+/// Writes `spec` (canonical JSON) to `key` if the key is still at `if_revision`; the new revision.
+async fn put_spec(
+    store: &PolicyStore,
+    key: &str,
+    spec: &PolicySpec,
+    if_revision: i64,
+) -> Result<i64, ApiError> {
+    let outcome =
+        store.client.put_if(key, spec.to_json().as_bytes(), if_revision).await.map_err(store_error)?;
+    if outcome.succeeded {
+        Ok(outcome.revision)
+    } else {
+        Err(conflict(key, if_revision, outcome.current.map_or(0, |kv| kv.mod_revision)))
+    }
+}
+
+/// What a canary step does to a key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KeyChange<'a> {
+    /// Write this spec.
+    Push(&'a PolicySpec),
+    /// Put the previous valid value back.
+    Rollback,
+}
+
+/// How long a canary step waits for the routers of a key to report its new revision.
+const APPLY_WAIT: Duration = Duration::from_secs(10);
+
 impl Control {
     fn policy_store(&self) -> Result<&PolicyStore, ApiError> {
         self.inner.policy_store.as_ref().ok_or_else(|| {
@@ -171,32 +229,7 @@ impl Control {
         if current.mod_revision != args.if_revision {
             return Err(conflict(&key, args.if_revision, current.mod_revision));
         }
-        let mut at = current.clone();
-        let mut restored = None;
-        for _ in 0..MAX_ROLLBACK_STEPS {
-            if at.mod_revision - 1 < at.create_revision.max(1) {
-                break;
-            }
-            let earlier = store.client.get_at(&key, at.mod_revision - 1).await.map_err(|error| match error {
-                EtcdError::Server { code: 11, .. } => ApiError::new(
-                    "no_previous_version",
-                    format!("etcd compacted {key}'s history, so its previous value is gone; push the version to restore from the history view"),
-                ),
-                other => store_error(other),
-            })?;
-            let Some(kv) = earlier.kv else { break };
-            if let Ok(spec) = spec_of(&kv.value) {
-                restored = Some(spec);
-                break;
-            }
-            at = kv;
-        }
-        let Some(spec) = restored else {
-            return Err(ApiError::new(
-                "no_previous_version",
-                format!("{key} has no earlier valid value in etcd's history to roll back to"),
-            ));
-        };
+        let spec = previous_valid(store, &key, &current).await?;
         let hint = format!("rollback-{}", spec.policy);
         self.write_store(store, &key, &spec, current.mod_revision, &author, &hint).await
     }
@@ -214,28 +247,19 @@ impl Control {
         let routers: Vec<String> = self.inner.routers.urls().into_iter().map(|(url, _)| url).collect();
         let label = self.record_version(spec, author, &routers, hint).await?;
         let target = format!("etcd:{key}");
-        let written = store.client.put_if(key, spec.to_json().as_bytes(), if_revision).await;
-        let (record, result) = match written {
-            Ok(outcome) if outcome.succeeded => (
+        let (record, result) = match put_spec(store, key, spec, if_revision).await {
+            Ok(revision) => (
                 fleet_store::PushOutcome::Acknowledged { acked_label: label.clone() },
                 Ok(StorePushReport {
                     label: label.clone(),
                     author: author.to_owned(),
                     at_ms: unix_ms_now(),
                     key: key.to_owned(),
-                    revision: outcome.revision,
+                    revision,
                     previous_revision: if_revision,
                 }),
             ),
-            Ok(outcome) => {
-                let current = outcome.current.map_or(0, |kv| kv.mod_revision);
-                let error = conflict(key, if_revision, current);
-                (fleet_store::PushOutcome::Failed { error: error.message.clone() }, Err(error))
-            }
-            Err(error) => {
-                let error = store_error(error);
-                (fleet_store::PushOutcome::Failed { error: error.message.clone() }, Err(error))
-            }
+            Err(error) => (fleet_store::PushOutcome::Failed { error: error.message.clone() }, Err(error)),
         };
         if let Err(error) = self.inner.store.record_push(&label, &target, unix_ms_now(), &record).await {
             tracing::error!(%error, label, key, "could not record a store push in the audit trail");
@@ -244,6 +268,80 @@ impl Control {
             self.set_intended(&label, spec.clone());
         }
         result
+    }
+
+    /// Splits routers into those that watch a key of the fleet's store (by key) and the others (pushed over
+    /// HTTP). Without a store, or for a router that cannot be read, it is HTTP.
+    pub(crate) async fn split_by_key(
+        &self,
+        clients: Vec<AdminClient>,
+    ) -> (BTreeMap<String, Vec<AdminClient>>, Vec<AdminClient>) {
+        if self.inner.policy_store.is_none() {
+            return (BTreeMap::new(), clients);
+        }
+        let states = futures_util::future::join_all(clients.iter().map(AdminClient::state)).await;
+        let mut by_key: BTreeMap<String, Vec<AdminClient>> = BTreeMap::new();
+        let mut http = Vec::new();
+        for (client, state) in clients.into_iter().zip(states) {
+            match state.ok().and_then(|s| s.policy_store) {
+                Some(store) => by_key.entry(store.key).or_default().push(client),
+                None => http.push(client),
+            }
+        }
+        (by_key, http)
+    }
+
+    /// A canary step on store keys: one guarded txn per key (guarded by the revision read right before, as
+    /// the HTTP path reads each router's version), then each router's outcome once it reports the new
+    /// revision, or why not after [`APPLY_WAIT`]. Also returns the spec a rollback restored.
+    pub(crate) async fn change_keys(
+        &self,
+        by_key: &BTreeMap<String, Vec<AdminClient>>,
+        change: KeyChange<'_>,
+    ) -> (Vec<(String, PushOutcome)>, Option<PolicySpec>) {
+        let mut outcomes = Vec::new();
+        let mut restored = None;
+        for (key, clients) in by_key {
+            let written = async {
+                let store = self.policy_store()?;
+                store.key(Some(key))?;
+                let current = store.client.get(key).await.map_err(store_error)?.kv;
+                let if_revision = current.as_ref().map_or(0, |kv| kv.mod_revision);
+                let spec = match change {
+                    KeyChange::Push(spec) => spec.clone(),
+                    KeyChange::Rollback => {
+                        let current = current.ok_or_else(|| {
+                            ApiError::new(
+                                "no_previous_version",
+                                format!("{key} does not exist; nothing to roll back"),
+                            )
+                        })?;
+                        previous_valid(store, key, &current).await?
+                    }
+                };
+                let revision = put_spec(store, key, &spec, if_revision).await?;
+                Ok::<_, ApiError>((revision, spec))
+            }
+            .await;
+            match written {
+                Ok((revision, spec)) => {
+                    if matches!(change, KeyChange::Rollback) {
+                        restored.get_or_insert(spec);
+                    }
+                    let waits = clients.iter().map(|client| await_revision(client, revision));
+                    let results = futures_util::future::join_all(waits).await;
+                    outcomes.extend(clients.iter().map(|c| c.url.clone()).zip(results));
+                }
+                Err(error) => outcomes.extend(clients.iter().map(|client| {
+                    let message = format!("{key}: {}", error.message);
+                    (
+                        client.url.clone(),
+                        PushOutcome::Refused { status: 409, code: error.code.clone(), message },
+                    )
+                })),
+            }
+        }
+        (outcomes, restored)
     }
 
     /// Every router against the key it watches, read now (not from the once-a-second cache, so a push's
@@ -286,6 +384,37 @@ impl Control {
                 .map(|(url, reason)| LaggingRouter { url, revision: None, reason })
                 .collect(),
         })
+    }
+}
+
+/// Waits until `client`'s router runs `revision` of its key: applied (with the router's version), refused
+/// (it found the value invalid) or unreachable (no report in time, with its last error).
+async fn await_revision(client: &AdminClient, revision: i64) -> PushOutcome {
+    let deadline = tokio::time::Instant::now() + APPLY_WAIT;
+    loop {
+        let last = match client.state().await {
+            Ok(state) => {
+                if state.policy.store_revision.is_some_and(|runs| runs >= revision) {
+                    return PushOutcome::Applied { version: state.policy.version };
+                }
+                let store = state.policy_store.unwrap_or_default();
+                if let Some(refused) = store.last_rejected.filter(|r| r.revision == revision) {
+                    return PushOutcome::Refused {
+                        status: 422,
+                        code: "invalid_spec".into(),
+                        message: refused.reason,
+                    };
+                }
+                store.error.unwrap_or_else(|| format!("it runs revision {:?}", state.policy.store_revision))
+            }
+            Err(error) => error.to_string(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return PushOutcome::Unreachable {
+                error: format!("the router did not run revision {revision} within {APPLY_WAIT:?}: {last}"),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

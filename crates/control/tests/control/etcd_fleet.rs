@@ -221,3 +221,101 @@ async fn fifty_routers_follow_every_push_refuse_a_bad_value_and_ride_out_an_etcd
     assert!(versions.versions.len() > VERSIONS, "{} versions recorded", versions.versions.len());
     Ok(())
 }
+
+/// A canary on a fleet on etcd: the canary router watches a group key of its own, so the canary is a write
+/// to that key, its rollback a write of the key's previous value, and its promotion a write to the main key
+/// (which the baseline watches).
+#[tokio::test]
+async fn a_canary_on_etcd_writes_its_group_key_rolls_it_back_and_promotes_through_the_main_key() -> Result<()>
+{
+    use fleet_test_support::admin_router::spawn_router_with;
+    use fleetdeck_api::{AbortCanaryArgs, CanaryArgs, CanaryGuards};
+
+    const MAIN: &str = "/fleetdeck/canary-test/policy";
+    const GROUP: &str = "/fleetdeck/canary-test/canary";
+    let etcd = EtcdServer::start().await?;
+    let store = etcd.client()?;
+    store.put(MAIN, spec(0).as_bytes()).await?;
+    store.put(GROUP, spec(0).as_bytes()).await?;
+    let sim = spawn_sim(2, Default::default()).await?;
+    let router_on = |key: &str, replica: &str| fleet_router::RouterConfig {
+        replicas: vec![replica.to_owned()],
+        admin_token: Some(TOKEN.into()),
+        policy_etcd: Some(fleet_router::EtcdPolicySource::new(&etcd.url(), key)),
+        ..Default::default()
+    };
+    let canary = spawn_router_with(router_on(GROUP, &sim.urls()[0])).await?;
+    let baseline = spawn_router_with(router_on(MAIN, &sim.urls()[1])).await?;
+    let dir = tempfile::tempdir()?;
+    let mut config = ControlConfig::new(Vec::new(), dir.path().join("history.db"));
+    config.routers = [&canary, &baseline]
+        .iter()
+        .map(|r| RouterTarget { url: r.url(), token: Some(TOKEN.into()), token_file: None })
+        .collect();
+    config.policy_store = Some(PolicyStoreConfig { etcd: EtcdConfig::new(&etcd.url()), key: MAIN.into() });
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(config, stop).await?;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let policy_of = |url: String| {
+        let http = http.clone();
+        async move {
+            anyhow::Ok(
+                states(&http, &[url]).await?.remove(0)["policy"]["name"].as_str().unwrap_or("").to_owned(),
+            )
+        }
+    };
+    let args = |observe_s: u64| CanaryArgs {
+        text: "policy: least_load".into(),
+        canary: vec![canary.url()],
+        baseline: vec![baseline.url()],
+        observe_s,
+        guards: CanaryGuards {
+            max_ttft_p95_ratio: 10.0,
+            min_ttft_p95_increase_ms: 10_000.0,
+            max_hit_rate_drop: 1.0,
+            min_requests: 5,
+        },
+        check_every_ms: Some(300),
+        operator: Some("ana".into()),
+    };
+    let phase = |wanted: &'static str| {
+        let control = control.clone();
+        async move {
+            eventually(&format!("the canary to be {wanted}"), Duration::from_secs(60), || {
+                let control = control.clone();
+                async move { Ok(control.canary_status().await?.canary.filter(|c| c.phase == wanted)) }
+            })
+            .await
+        }
+    };
+
+    // Aborted while observing: the group key goes back to its previous value, and so does the canary router.
+    control.start_canary(args(600)).await?;
+    phase("observing").await?;
+    assert_eq!(policy_of(canary.url()).await?, "least_load");
+    assert_eq!(policy_of(baseline.url()).await?, policy_name(0), "the baseline keeps its policy");
+    control.abort_canary(AbortCanaryArgs { reason: "test".into() }).await?;
+    let done = eventually("the canary to finish", Duration::from_secs(60), || async {
+        Ok(control.canary_status().await?.canary.filter(|c| c.finished))
+    })
+    .await?;
+    assert_eq!(done.phase, "rolled_back", "{done:?}");
+    assert_eq!(policy_of(canary.url()).await?, policy_name(0));
+    let group = control.store_policy(StoreKeyArgs { key: Some(GROUP.into()) }).await?;
+    assert!(group.text.unwrap_or_default().contains(policy_name(0)));
+
+    // Watched with traffic on both sides and promoted: the main key takes the candidate.
+    let _load_a = crate::rollout::traffic(&canary, 20.0, 1);
+    let _load_b = crate::rollout::traffic(&baseline, 20.0, 2);
+    control.start_canary(args(2)).await?;
+    let promoted = phase("promoted").await?;
+    assert!(promoted.finished, "{promoted:?}");
+    assert_eq!(policy_of(baseline.url()).await?, "least_load");
+    let main = control.store_policy(StoreKeyArgs::default()).await?;
+    assert!(main.text.unwrap_or_default().contains("least_load"));
+    assert!(control.store_drift().await?.is_empty());
+    let history = control.policy_history().await?;
+    assert!(history.versions.iter().any(|v| v.label.starts_with("rollback-of-canary-least_load@")));
+    Ok(())
+}
