@@ -84,6 +84,7 @@ async fn the_policy_follows_the_key_refuses_bad_values_and_survives_an_etcd_outa
     let metrics = client().get(format!("{}/metrics", router.url)).send().await?.text().await?;
     assert_eq!(metric(&metrics, "fleet_router_policy_store_rejected_total"), Some(1.0), "{metrics}");
     assert_eq!(metric(&metrics, "fleet_router_policy_store_revision"), Some(second as f64));
+    crate::admin::promtool_check(&metrics).await?;
     // Garbage that is not even text is refused the same way.
     let binary = store.put(KEY, &[0xff, 0x00, 0xfe]).await?;
     state_until(&router, "the binary value refused", |s| {
