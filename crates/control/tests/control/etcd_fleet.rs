@@ -319,3 +319,43 @@ async fn a_canary_on_etcd_writes_its_group_key_rolls_it_back_and_promotes_throug
     assert!(history.versions.iter().any(|v| v.label.starts_with("rollback-of-canary-least_load@")));
     Ok(())
 }
+
+/// The app reaches an etcd that serves https and asks for a client certificate: with the CA and its
+/// certificate it reads and pushes; without the certificate etcd turns it away and nothing is written.
+#[tokio::test]
+async fn the_app_pushes_to_an_etcd_over_https_with_a_client_certificate() -> Result<()> {
+    let etcd = EtcdServer::start_tls().await?;
+    let dir = tempfile::tempdir()?;
+    let mut config = ControlConfig::new(Vec::new(), dir.path().join("history.db"));
+    config.policy_store = Some(PolicyStoreConfig { etcd: etcd.config(), key: KEY.into() });
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(config, stop.child_token()).await?;
+    let empty = control.store_policy(StoreKeyArgs::default()).await?;
+    assert_eq!((empty.revision, empty.text), (0, None));
+    let pushed = control
+        .push_store_policy(StorePushArgs { text: spec(1), if_revision: 0, key: None, operator: None })
+        .await?;
+    let read = control.store_policy(StoreKeyArgs::default()).await?;
+    assert_eq!(read.revision, pushed.revision);
+    assert!(read.text.unwrap_or_default().contains(policy_name(1)));
+
+    let mut no_certificate = etcd.config();
+    no_certificate.tls.cert = None;
+    no_certificate.tls.key = None;
+    let mut config = ControlConfig::new(Vec::new(), dir.path().join("other.db"));
+    config.policy_store = Some(PolicyStoreConfig { etcd: no_certificate, key: KEY.into() });
+    let turned_away = Control::start(config, stop.child_token()).await?;
+    let error = turned_away
+        .push_store_policy(StorePushArgs {
+            text: spec(2),
+            if_revision: pushed.revision,
+            key: None,
+            operator: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, "store_unreachable", "{error:?}");
+    assert_eq!(control.store_policy(StoreKeyArgs::default()).await?.revision, pushed.revision);
+    Ok(())
+}
