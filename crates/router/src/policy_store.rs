@@ -12,6 +12,9 @@
 //! cancelled because its revision was compacted away. A watch stream is quiet while the key is, so the key
 //! is also read every `check_every`: a partition that leaves the stream open without traffic is noticed,
 //! and a change the stream missed is applied.
+//!
+//! Revisions only grow within one etcd cluster (a snapshot restore keeps them): a router moved to a new
+//! cluster, whose revisions start again, must be restarted, as it ignores revisions it has passed.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
