@@ -456,8 +456,23 @@ pub(crate) fn start_replicas(bin: &Path, count: usize) -> Result<(Vec<Guard>, Ve
 pub fn run_bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("router") => router_bench(),
-        _ => Err("usage: cargo xtask bench router".to_owned()),
+        Some("etcd") => etcd_bench(&args[1..]),
+        _ => {
+            Err("usage: cargo xtask bench router | cargo xtask bench etcd [--routers N] [--pushes N]"
+                .to_owned())
+        }
     }
+}
+
+/// Policy fan-out to 50 routers through etcd against the per-router HTTP push (issue 26), measured by the
+/// control crate's `etcd_fanout` example over release builds and a real etcd.
+fn etcd_bench(extra: &[String]) -> Result<()> {
+    install_packages(&["etcd-server", "etcd-client"])?;
+    run(cargo(), &["build", "--release", "-p", "fleet-router"], &[])?;
+    let bin = target_dir().join("release");
+    let mut args = vec!["run", "--release", "-p", "fleetdeck-control", "--example", "etcd_fanout", "--"];
+    args.extend(extra.iter().map(String::as_str));
+    run(cargo(), &args, &[("FLEETDECK_BIN_DIR", &bin.to_string_lossy())])
 }
 
 fn router_bench() -> Result<()> {

@@ -34,8 +34,18 @@ const BUILD_PACKAGES: &[&str] = &[
 /// Extra Debian packages for the test suite: a virtual display, WebKit's and Chromium's
 /// WebDriver servers, the browser itself, Prometheus, and openssl + curl (a certificate and a
 /// real TLS client for the router's HTTPS test).
-const TEST_PACKAGES: &[&str] =
-    &["xvfb", "xauth", "webkit2gtk-driver", "chromium", "chromium-driver", "prometheus", "openssl", "curl"];
+const TEST_PACKAGES: &[&str] = &[
+    "xvfb",
+    "xauth",
+    "webkit2gtk-driver",
+    "chromium",
+    "chromium-driver",
+    "prometheus",
+    "openssl",
+    "curl",
+    "etcd-server",
+    "etcd-client",
+];
 
 /// The tauri-driver release known to work with tauri 2 here.
 const TAURI_DRIVER_VERSION: &str = "2.1.0";
@@ -53,7 +63,8 @@ commands:
   setup [--test]   install what is missing only
   pgo router [--features F]
                    build fleet-router with profile-guided optimisation (the deployment build)
-  bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)";
+  bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)
+  bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();

@@ -77,6 +77,8 @@ pub struct RouterState {
     pub replicas: Vec<RouterReplica>,
     pub prefix_groups: Vec<PrefixGroup>,
     pub window_s: u64,
+    /// Where the router takes its policy from, when that is etcd (`--policy-etcd`).
+    pub policy_store: Option<StoreInfo>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -84,6 +86,30 @@ pub struct RouterState {
 pub struct PolicyInfo {
     pub name: String,
     pub version: u64,
+    /// The etcd `mod_revision` of the value in force (routers on etcd only).
+    pub store_revision: Option<i64>,
+    /// When the policy was put in force (Unix microseconds).
+    pub applied_at_us: Option<u64>,
+}
+
+/// A router's `policy_store` state: the key it watches and how its watch fares.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct StoreInfo {
+    pub key: String,
+    pub connected: bool,
+    pub seen_revision: i64,
+    pub rejected_total: u64,
+    pub last_rejected: Option<RejectedValue>,
+    pub error: Option<String>,
+}
+
+/// The last value a router refused.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RejectedValue {
+    pub revision: i64,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -434,7 +460,10 @@ mod tests {
     #[test]
     fn state_parses_with_numeric_or_text_ids_and_ignores_new_fields() {
         let state = parse_state(STATE.as_bytes()).unwrap();
-        assert_eq!(state.policy, PolicyInfo { name: "cache_aware_approx".into(), version: 3 });
+        assert_eq!(
+            state.policy,
+            PolicyInfo { name: "cache_aware_approx".into(), version: 3, ..Default::default() }
+        );
         assert_eq!(state.replicas[0].id, "0");
         assert_eq!(state.replicas[1].id, "1");
         assert!(!state.replicas[1].healthy);

@@ -59,6 +59,10 @@ pub struct ControlConfig {
     /// The only folder the what-if reads trace files from (`--trace-dir`); `None`: no trace files.
     /// A path from the API is never opened outside it.
     pub trace_dir: Option<PathBuf>,
+    /// The etcd key the fleet's routers take their policy from, if they do (`--policy-etcd`).
+    pub policy_store: Option<crate::policy_store::PolicyStoreConfig>,
+    /// Sources of replicas and routers read every scrape interval (a watched file, DNS SRV).
+    pub discovery: Vec<crate::discovery::DiscoverySource>,
 }
 
 impl ControlConfig {
@@ -73,6 +77,8 @@ impl ControlConfig {
             settings_path: dir.join("settings.json"),
             token_dir: dir.join("tokens"),
             trace_dir: None,
+            policy_store: None,
+            discovery: Vec::new(),
             db_path,
         }
     }
@@ -148,6 +154,10 @@ pub(crate) struct Inner {
     pub(crate) prometheus: crate::sources::PromSources,
     /// Intended policy, canary and what-if jobs.
     pub(crate) rollout: crate::rollout::RolloutState,
+    /// The fleet's policy key in etcd, when its routers watch one.
+    pub(crate) policy_store: Option<crate::policy_store::PolicyStore>,
+    /// What each discovery source found last.
+    pub(crate) discovery: crate::discovery::Discovery,
 }
 
 pub fn unix_ms_now() -> i64 {
@@ -194,6 +204,12 @@ impl Control {
                 });
             }
         }
+        let policy_store = match &config.policy_store {
+            Some(store) => {
+                Some(crate::policy_store::PolicyStore::new(store).context("invalid --policy-etcd")?)
+            }
+            None => None,
+        };
         let routers = Routers::new(http.clone(), routers, &store).await;
         let inner = Arc::new(Inner {
             store,
@@ -210,6 +226,8 @@ impl Control {
             demo: Default::default(),
             prometheus: crate::sources::PromSources::default(),
             rollout: Default::default(),
+            policy_store,
+            discovery: Default::default(),
         });
         let control = Self { inner };
         let mut targets = config.targets.clone();
@@ -240,6 +258,9 @@ impl Control {
         }
         for url in prometheus {
             control.start_prometheus(&url);
+        }
+        for source in config.discovery {
+            control.start_discovery(source);
         }
         Ok(control)
     }

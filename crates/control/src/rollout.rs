@@ -294,6 +294,11 @@ impl Control {
         Some(last)
     }
 
+    /// Remembers `spec` as what the fleet is meant to run (a push from this app took effect).
+    pub(crate) fn set_intended(&self, label: &str, spec: PolicySpec) {
+        *lock(&self.rollout().intended) = Some((label.to_owned(), spec));
+    }
+
     /// Each router's client by URL, or an error naming the routers there are.
     fn clients_for(&self, urls: &[String]) -> Result<Vec<AdminClient>, ApiError> {
         let known: Vec<AdminClient> = self.inner.routers.clients().into_iter().map(|(c, _)| c).collect();
@@ -325,7 +330,7 @@ impl Control {
     }
 
     /// Records a new version in the audit trail under a fresh label.
-    async fn record_version(
+    pub(crate) async fn record_version(
         &self,
         spec: &PolicySpec,
         author: &str,
@@ -690,8 +695,15 @@ impl Control {
             Ok(clients) => clients,
             Err(e) => return all_unreachable(routers, &e),
         };
-        let outcomes = futures_util::future::join_all(clients.iter().map(|c| push_current(c, spec))).await;
+        // Routers on the store take the step through their key (a canary group's own key), the rest over HTTP.
+        let (by_key, clients) = self.split_by_key(clients).await;
+        let (on_keys, _) = self.change_keys(&by_key, crate::policy_store::KeyChange::Push(spec)).await;
         let mut answered = Vec::new();
+        for (url, outcome) in on_keys {
+            self.record_outcome(label, &url, &outcome).await;
+            answered.push((url, outcome));
+        }
+        let outcomes = futures_util::future::join_all(clients.iter().map(|c| push_current(c, spec))).await;
         for (client, (_, outcome)) in clients.iter().zip(outcomes) {
             self.record_outcome(label, &client.url, &outcome).await;
             answered.push((client.url.clone(), outcome));
@@ -706,9 +718,21 @@ impl Control {
             Ok(clients) => clients,
             Err(e) => return all_unreachable(routers, &e),
         };
+        let (by_key, clients) = self.split_by_key(clients).await;
+        let mut answered = Vec::new();
+        let (on_keys, restored) = self.change_keys(&by_key, crate::policy_store::KeyChange::Rollback).await;
+        if let Some(spec) = restored.filter(|_| on_keys.iter().any(|(_, o)| o.is_applied())) {
+            let urls: Vec<String> = on_keys.iter().map(|(url, _)| url.clone()).collect();
+            let hint = format!("rollback-of-{label}");
+            if let Ok(rollback) = self.record_version(&spec, author, &urls, &hint).await {
+                for (url, outcome) in on_keys.iter().filter(|(_, o)| o.is_applied()) {
+                    self.record_outcome(&rollback, url, outcome).await;
+                }
+            }
+        }
+        answered.extend(on_keys);
         let outcomes = futures_util::future::join_all(clients.iter().map(rollback_policy)).await;
         let restored = futures_util::future::join_all(clients.iter().map(read_policy)).await;
-        let mut answered = Vec::new();
         let mut rollback_label: Option<String> = None;
         for ((client, outcome), active) in clients.iter().zip(outcomes).zip(restored) {
             if outcome.is_applied()

@@ -2,6 +2,10 @@
 //! on, real HTTP on loopback port 0) over emulated replicas (fleet-sim), with a real SQLite
 //! history in a temporary folder.
 
+#[path = "control/discovery.rs"]
+mod discovery;
+#[path = "control/etcd_fleet.rs"]
+mod etcd_fleet;
 #[path = "control/rollout.rs"]
 mod rollout;
 #[path = "control/views.rs"]

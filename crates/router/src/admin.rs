@@ -24,7 +24,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use fleet_policy::{PolicySpec, ReplicaId, SpecError};
+use fleet_policy::{ReplicaId, SpecError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -130,7 +130,25 @@ fn invalid_spec(spec_error: &SpecError) -> Response {
     )
 }
 
+/// The refusal of an admin policy change on a router whose policy comes from etcd: the next change of the
+/// key would silently undo it, so the change belongs in the store.
+fn policy_from_store(state: &RouterState) -> Option<Response> {
+    let store = state.policy_store.as_ref()?;
+    Some(error(
+        StatusCode::CONFLICT,
+        "policy_from_store",
+        &format!(
+            "this router takes its policy from etcd key {}; change the policy there (the app pushes to the key), not through the admin API",
+            store.key
+        ),
+        json!({"key": store.key}),
+    ))
+}
+
 async fn put_policy(State(state): State<Arc<RouterState>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(refusal) = policy_from_store(&state) {
+        return refusal;
+    }
     let Some(if_match) = headers.get(header::IF_MATCH).and_then(|value| value.to_str().ok()) else {
         return error(
             StatusCode::PRECONDITION_REQUIRED,
@@ -150,21 +168,12 @@ async fn put_policy(State(state): State<Arc<RouterState>>, headers: HeaderMap, b
             json!({}),
         );
     };
-    let text = match std::str::from_utf8(&body) {
-        Ok(text) => text,
-        Err(_) => {
-            return invalid_spec(&SpecError::Parse {
-                format: "JSON or YAML",
-                message: "the body is not UTF-8".to_owned(),
-            });
-        }
-    };
     // Check the version first so a stale writer learns that before fixing its spec.
     let current = state.policy.load().version;
     if current != expected {
         return version_conflict(current);
     }
-    let spec = match text.parse::<PolicySpec>() {
+    let spec = match crate::state::parse_policy_text(&body) {
         Ok(spec) => spec,
         Err(spec_error) => return invalid_spec(&spec_error),
     };
@@ -188,6 +197,9 @@ fn version_conflict(current_version: u64) -> Response {
 }
 
 async fn rollback_policy(State(state): State<Arc<RouterState>>) -> Response {
+    if let Some(refusal) = policy_from_store(&state) {
+        return refusal;
+    }
     match state.rollback_policy().await {
         Ok(version) => policy_response(StatusCode::OK, &version),
         Err(PolicyChangeError::NoPreviousVersion) => error(

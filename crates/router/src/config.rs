@@ -269,6 +269,8 @@ pub struct RouterConfig {
     pub seed: u64,
     /// Serve HTTPS instead of HTTP.
     pub tls: Option<TlsConfig>,
+    /// Take the policy from an etcd key (watched; every value validated as an admin PUT is).
+    pub policy_etcd: Option<crate::policy_store::EtcdPolicySource>,
 }
 
 impl Default for RouterConfig {
@@ -294,6 +296,7 @@ impl Default for RouterConfig {
             tokenizer: None,
             seed: 0x5EED,
             tls: None,
+            policy_etcd: None,
         }
     }
 }
@@ -355,6 +358,18 @@ impl RouterConfig {
                 "tokenizer",
                 "this fleet-router was built without the `tokenizer` feature; rebuild with --features tokenizer",
             ));
+        }
+        if let Some(source) = &self.policy_etcd {
+            source.etcd.validate().map_err(|error| ConfigError::new("policy_etcd", error.to_string()))?;
+            if source.key.trim().is_empty() {
+                return Err(ConfigError::new(
+                    "policy_key",
+                    "the etcd key is empty; give the key holding the policy, e.g. /fleetdeck/FLEET/policy",
+                ));
+            }
+            if source.check_every.is_zero() {
+                return Err(ConfigError::new("policy_etcd_check", "must be above zero"));
+            }
         }
         Ok(())
     }

@@ -101,6 +101,28 @@ struct Cli {
     /// Replicas tried per request on connect failures or 5xx before the first byte.
     #[arg(long, default_value_t = 3)]
     max_attempts: usize,
+    /// Take the policy from etcd: client URL(s) of the cluster, comma-separated (with --policy-key). The key is
+    /// watched and every value validated like an admin PUT; the admin API then refuses policy changes.
+    #[arg(long, requires = "policy_key", value_name = "URL")]
+    policy_etcd: Option<String>,
+    /// The etcd key holding the policy spec (YAML or JSON), e.g. /fleetdeck/FLEET/policy.
+    #[arg(long, requires = "policy_etcd")]
+    policy_key: Option<String>,
+    /// File holding USER:PASSWORD for etcd's auth (never logged).
+    #[arg(long, requires = "policy_etcd")]
+    etcd_user_file: Option<PathBuf>,
+    /// PEM CA certificate of etcd's https endpoint (needs the `tls` build feature).
+    #[arg(long, requires = "policy_etcd")]
+    etcd_ca: Option<PathBuf>,
+    /// PEM client certificate for etcd (with --etcd-key; needs the `tls` build feature).
+    #[arg(long, requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// PKCS#8 PEM key of --etcd-cert.
+    #[arg(long, requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// Besides watching, read the etcd key every this many seconds (notices a silent partition).
+    #[arg(long, default_value_t = 10)]
+    policy_etcd_check_s: u64,
     /// Threads serving requests (default: one per core). One thread avoids cross-thread wake-ups, the
     /// lowest latency when the router shares a small machine with its replicas (as nginx's single worker).
     #[arg(long)]
@@ -153,6 +175,22 @@ async fn run(cli: Cli) -> Result<()> {
         None => PolicySpec::default(),
     };
     let admin_token = read_token(&cli)?;
+    let policy_etcd = match (&cli.policy_etcd, &cli.policy_key) {
+        (Some(endpoints), Some(key)) => {
+            let mut source = fleet_router::EtcdPolicySource::new(endpoints, key);
+            source.check_every = Duration::from_secs(cli.policy_etcd_check_s);
+            if let Some(path) = &cli.etcd_user_file {
+                source.etcd.credentials = Some(fleet_etcd::Credentials::from_file(path)?);
+            }
+            source.etcd.tls = fleet_etcd::TlsFiles {
+                ca: cli.etcd_ca.clone(),
+                cert: cli.etcd_cert.clone(),
+                key: cli.etcd_key.clone(),
+            };
+            Some(source)
+        }
+        _ => None,
+    };
     let config = RouterConfig {
         replicas: cli.replicas.clone(),
         policy,
@@ -183,6 +221,7 @@ async fn run(cli: Cli) -> Result<()> {
             .clone()
             .zip(cli.tls_key.clone())
             .map(|(cert, key)| fleet_router::TlsConfig { cert, key }),
+        policy_etcd,
         ..RouterConfig::default()
     };
     config.validate().context("invalid fleet-router options")?;
@@ -193,6 +232,10 @@ async fn run(cli: Cli) -> Result<()> {
     let admin = if config.admin_token.is_some() { "admin API on" } else { "admin API off" };
     let replicas = config.replicas.len();
     let config_tls = config.tls.is_some();
+    let store = match &config.policy_etcd {
+        Some(source) => format!(", policy from etcd key {}", source.key),
+        None => String::new(),
+    };
     let grace = config.shutdown_grace;
     // Installed before the router announces itself, so a signal sent right after never meets the
     // default action (which would drop every request in flight).
@@ -206,7 +249,7 @@ async fn run(cli: Cli) -> Result<()> {
     })
     .await?;
     let scheme = if config_tls { "https" } else { "http" };
-    println!("fleet-router listening on {scheme}://{addr} over {replicas} replicas ({admin})");
+    println!("fleet-router listening on {scheme}://{addr} over {replicas} replicas ({admin}{store})");
     server.await.context("the router task panicked")??;
     eprintln!("fleet-router: stopped");
     Ok(())

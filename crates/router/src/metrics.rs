@@ -439,7 +439,7 @@ fn scalar(out: &mut String, name: &str, kind: &str, help: &str, value: impl std:
     let _ = writeln!(out, "{name} {value}");
 }
 
-fn escape(value: &str) -> String {
+pub(crate) fn escape(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 

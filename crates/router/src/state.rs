@@ -43,6 +43,11 @@ pub fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as u64)
 }
 
+/// Microseconds since the Unix epoch.
+pub fn unix_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_micros() as u64)
+}
+
 /// One replica.
 #[derive(Debug)]
 pub struct Replica {
@@ -183,13 +188,36 @@ pub struct PolicyVersion {
     pub name: &'static str,
     /// The version whose spec was in force before this one (what a rollback restores).
     pub previous: Option<u64>,
+    /// The etcd `mod_revision` of the value this version came from (`--policy-etcd`); `None` for a policy
+    /// from the command line or the admin API.
+    pub store_revision: Option<i64>,
+    /// When it was put in force (Unix microseconds): the end of a push, for the fan-out benchmark.
+    pub applied_at_us: u64,
 }
 
 impl PolicyVersion {
     fn new(version: u64, spec: PolicySpec, previous: Option<u64>) -> Result<Self, SpecError> {
         let resolved = spec.resolve()?;
-        Ok(Self { version, hashing: resolved.hashing(), name: resolved.name(), spec, previous })
+        Ok(Self {
+            version,
+            hashing: resolved.hashing(),
+            name: resolved.name(),
+            spec,
+            previous,
+            store_revision: None,
+            applied_at_us: unix_us(),
+        })
     }
+}
+
+/// Reads a policy spec sent to the router (an admin PUT's body or an etcd value): UTF-8 JSON or YAML,
+/// checked by fleet-policy. Both ways in go through here and [`RouterState::put_policy`]'s swap.
+pub fn parse_policy_text(body: &[u8]) -> Result<PolicySpec, SpecError> {
+    let text = std::str::from_utf8(body).map_err(|_| SpecError::Parse {
+        format: "JSON or YAML",
+        message: "the body is not UTF-8".to_owned(),
+    })?;
+    text.parse::<PolicySpec>()
 }
 
 /// A recorded pick, as `GET /admin/decisions` lists it.
@@ -268,6 +296,8 @@ pub struct RouterState {
     started: Instant,
     /// Fires when the router shuts down.
     pub shutdown: CancellationToken,
+    /// The etcd key the policy comes from (`--policy-etcd`), with its watcher's state.
+    pub policy_store: Option<Arc<crate::policy_store::PolicyStore>>,
 }
 
 impl RouterState {
@@ -284,6 +314,10 @@ impl RouterState {
         let first = PolicyVersion::new(1, config.policy.clone(), None)?;
         let recorder = Recorder::new(&config.record)?;
         let decisions_capacity = config.decisions_capacity;
+        let policy_store = match &config.policy_etcd {
+            Some(source) => Some(Arc::new(crate::policy_store::PolicyStore::new(source)?)),
+            None => None,
+        };
         Ok(Arc::new(Self {
             fleet: ArcSwap::from_pointee(FleetView::default()),
             policy: ArcSwap::from_pointee(first.clone()),
@@ -300,6 +334,7 @@ impl RouterState {
             next_request: AtomicU64::new(1),
             started: Instant::now(),
             shutdown: CancellationToken::new(),
+            policy_store,
             config,
         }))
     }
@@ -456,6 +491,26 @@ impl RouterState {
         Ok(self.apply_policy(&mut admin, next))
     }
 
+    /// Puts the value of the policy key at etcd revision `mod_revision` in force, validated exactly as an
+    /// admin PUT. `Ok(None)`: that revision (or a newer one) is in force already. An invalid value leaves
+    /// the policy in force.
+    pub async fn apply_store_policy(
+        &self,
+        mod_revision: i64,
+        value: &[u8],
+    ) -> Result<Option<Arc<PolicyVersion>>, PolicyChangeError> {
+        let mut admin = self.admin.lock().await;
+        let current = self.policy.load_full();
+        if current.store_revision.is_some_and(|in_force| in_force >= mod_revision) {
+            return Ok(None);
+        }
+        let spec = parse_policy_text(value).map_err(PolicyChangeError::Invalid)?;
+        let mut next = PolicyVersion::new(current.version + 1, spec, Some(current.version))
+            .map_err(PolicyChangeError::Invalid)?;
+        next.store_revision = Some(mod_revision);
+        Ok(Some(self.apply_policy(&mut admin, next)))
+    }
+
     /// Makes the spec in force before the current version the new version.
     pub async fn rollback_policy(&self) -> Result<Arc<PolicyVersion>, PolicyChangeError> {
         let mut admin = self.admin.lock().await;
@@ -469,7 +524,8 @@ impl RouterState {
         Ok(self.apply_policy(&mut admin, next))
     }
 
-    fn apply_policy(&self, admin: &mut AdminState, next: PolicyVersion) -> Arc<PolicyVersion> {
+    fn apply_policy(&self, admin: &mut AdminState, mut next: PolicyVersion) -> Arc<PolicyVersion> {
+        next.applied_at_us = unix_us();
         for group in self.fleet.load().groups.values() {
             let mut engine = lock(&group.engine);
             // The spec was resolved in PolicyVersion::new, so reconfigure cannot fail; keep the old one if it did.
@@ -586,12 +642,21 @@ impl RouterState {
                 })
             })
             .collect();
-        serde_json::json!({
-            "policy": {"name": policy.name, "version": policy.version},
+        let mut document = serde_json::json!({
+            "policy": {
+                "name": policy.name,
+                "version": policy.version,
+                "store_revision": policy.store_revision,
+                "applied_at_us": policy.applied_at_us,
+            },
             "replicas": replicas,
             "prefix_groups": prefix_groups,
             "window_s": self.config.heat_window.as_secs(),
-        })
+        });
+        if let Some(store) = &self.policy_store {
+            document["policy_store"] = store.state_document();
+        }
+        document
     }
 
     /// Per-replica gauges for `/metrics`.

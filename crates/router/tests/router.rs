@@ -6,6 +6,8 @@ mod support;
 
 #[path = "router/admin.rs"]
 mod admin;
+#[path = "router/etcd.rs"]
+mod etcd;
 #[path = "router/features.rs"]
 mod features;
 #[path = "router/kv_events.rs"]

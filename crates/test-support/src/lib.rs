@@ -4,7 +4,9 @@
 //! fixture cancels on drop), so tests run in parallel without port clashes or leftovers.
 
 pub mod admin_router;
+pub mod dns;
 pub mod endpoints;
+pub mod etcd;
 pub mod process;
 pub mod readme;
 pub mod tls;

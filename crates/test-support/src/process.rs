@@ -185,3 +185,18 @@ pub async fn spawn_headless_app_at(program: &Path, replicas: &[String], db: &Pat
     }
     spawn_headless_at(program, &args, &[]).await
 }
+
+/// Starts the `fleet-router` binary with `args` (add `--listen 127.0.0.1:0` for a free port) and waits until
+/// it listens; returns it and its base URL.
+pub async fn spawn_router_process(args: &[String]) -> Result<(ChildProcess, String)> {
+    let (process, rest) = spawn_and_await_line(
+        &bin_path("fleet-router")?,
+        args,
+        &[("RUST_LOG", "warn")],
+        "fleet-router listening on ",
+        Duration::from_secs(60),
+    )
+    .await?;
+    let url = rest.split_whitespace().next().context("no URL in fleet-router's first line")?.to_owned();
+    Ok((process, url))
+}

@@ -64,7 +64,7 @@ async fn router_policy(router: &RouterHandle) -> Result<(u64, Value)> {
 }
 
 /// Steady traffic through `router` until the guard drops.
-fn traffic(router: &RouterHandle, rps: f64, seed: u64) -> DropGuard {
+pub(crate) fn traffic(router: &RouterHandle, rps: f64, seed: u64) -> DropGuard {
     let stop = CancellationToken::new();
     let config = LoadConfig {
         target: router.url(),

@@ -395,7 +395,7 @@ async fn an_answers_request_id_finds_its_decision_served_or_failed() -> Result<(
 }
 
 /// Runs `promtool check metrics` on `text` (Debian's prometheus package provides promtool).
-async fn promtool_check(text: &str) -> Result<()> {
+pub(crate) async fn promtool_check(text: &str) -> Result<()> {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new("promtool")
         .args(["check", "metrics"])

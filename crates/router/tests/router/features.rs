@@ -84,6 +84,37 @@ mod tls {
     }
 }
 
+/// The policy from an etcd that serves https and asks for a client certificate (`--etcd-ca`, `--etcd-cert`,
+/// `--etcd-key`), which the `tls` feature's client offers.
+#[cfg(feature = "tls")]
+mod etcd_tls {
+    use std::time::Duration;
+
+    use anyhow::Result;
+    use fleet_etcd::EtcdClient;
+    use fleet_router::{EtcdPolicySource, RouterConfig};
+    use fleet_test_support::etcd::EtcdServer;
+    use fleet_test_support::eventually;
+
+    #[tokio::test]
+    async fn the_router_watches_a_key_over_https_with_its_client_certificate() -> Result<()> {
+        let etcd = EtcdServer::start_tls().await?;
+        let store = EtcdClient::new(etcd.config())?;
+        store.put("/fleetdeck/tls/policy", br#"{"policy": "least_load"}"#).await?;
+        let mut source = EtcdPolicySource::new(&etcd.url(), "/fleetdeck/tls/policy");
+        source.etcd = etcd.config();
+        let router =
+            crate::support::router(RouterConfig { policy_etcd: Some(source), ..Default::default() }).await?;
+        assert_eq!(router.state.policy.load().name, "least_load");
+        let next = store.put("/fleetdeck/tls/policy", br#"{"policy": "random"}"#).await?;
+        eventually("the router to take the change over https", Duration::from_secs(20), || async {
+            Ok((router.state.policy.load().store_revision == Some(next)).then_some(()))
+        })
+        .await?;
+        Ok(())
+    }
+}
+
 #[cfg(feature = "tokenizer")]
 mod tokenizer {
     use std::collections::BTreeMap;

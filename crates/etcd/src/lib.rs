@@ -1,0 +1,585 @@
+//! fleet-etcd: the small etcd v3 client fleet-router and the app share, over etcd's JSON gateway
+//! (`/v3/...`, served by every etcd since 3.3 on its client port) rather than gRPC, so neither program
+//! pulls in a gRPC stack for four calls.
+//!
+//! - [`wire`]: request bodies and answer parsing, pure and tested on etcd 3.4's own answers.
+//! - [`EtcdClient`]: range, compare-and-swap txn, put and watch over reqwest, each unary call bounded in
+//!   time and size, a watch frame bounded in size; user/password auth (token renewed when etcd expires it);
+//!   https with a private CA and client certificates (feature `tls`).
+//!
+//! Secrets (the password, the auth token) never reach a log line or a `Debug` output.
+
+pub mod wire;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::Value;
+
+pub use wire::{KeyValue, Range, TxnOutcome, WatchEvent, WatchFrame, WireError};
+
+/// Largest answer to a unary call accepted: a policy is a few hundred bytes, etcd's own value limit is 1.5 MiB.
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+/// A user and password for etcd's auth, read from a file holding `USER:PASSWORD` (what `etcdctl --user`
+/// takes). The password never appears in `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The etcd user.
+    pub user: String,
+    password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("user", &self.user).field("password", &"<redacted>").finish()
+    }
+}
+
+impl Credentials {
+    /// A user and password.
+    pub fn new(user: impl Into<String>, password: impl Into<String>) -> Self {
+        Self { user: user.into(), password: password.into() }
+    }
+
+    /// Reads `USER:PASSWORD` (one line, surrounding whitespace ignored) from `path`.
+    pub fn from_file(path: &Path) -> Result<Self, EtcdError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            EtcdError::Config(format!("cannot read the etcd credentials file {}: {e}", path.display()))
+        })?;
+        let line = text.trim();
+        match line.split_once(':') {
+            Some((user, password)) if !user.is_empty() && !password.is_empty() && !line.contains('\n') => {
+                Ok(Self::new(user, password))
+            }
+            _ => Err(EtcdError::Config(format!(
+                "the etcd credentials file {} must hold one line USER:PASSWORD (as etcdctl --user takes)",
+                path.display()
+            ))),
+        }
+    }
+}
+
+/// PEM files for https endpoints: a CA to trust beside the system's, and a client certificate and key
+/// (PKCS#8) for etcd's `--client-cert-auth`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA certificate(s) that signed etcd's server certificate.
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain.
+    pub cert: Option<PathBuf>,
+    /// Client private key (PKCS#8 PEM: `openssl pkcs8 -topk8 -nocrypt` converts others).
+    pub key: Option<PathBuf>,
+}
+
+/// Where etcd is and how to talk to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// Client URLs of the cluster's members (`http://127.0.0.1:2379`); calls go to one and move on to the
+    /// next when it cannot be reached.
+    pub endpoints: Vec<String>,
+    /// User and password, when etcd has auth enabled.
+    pub credentials: Option<Credentials>,
+    /// https settings.
+    pub tls: TlsFiles,
+    /// Time allowed to open a connection.
+    pub connect_timeout: Duration,
+    /// Time allowed for one unary call, answer included.
+    pub request_timeout: Duration,
+    /// Largest watch frame accepted.
+    pub max_frame_bytes: usize,
+}
+
+impl EtcdConfig {
+    /// The defaults for `endpoints` (a comma-separated list is split).
+    pub fn new(endpoints: &str) -> Self {
+        Self {
+            endpoints: endpoints
+                .split(',')
+                .map(|e| e.trim().trim_end_matches('/').to_owned())
+                .filter(|e| !e.is_empty())
+                .collect(),
+            credentials: None,
+            tls: TlsFiles::default(),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            max_frame_bytes: MAX_ANSWER_BYTES,
+        }
+    }
+
+    /// Checks the endpoints and files; the error names what is wrong and the fix.
+    pub fn validate(&self) -> Result<(), EtcdError> {
+        if self.endpoints.is_empty() {
+            return Err(EtcdError::Config(
+                "no etcd endpoint; give one like http://127.0.0.1:2379 (several separated by commas)".into(),
+            ));
+        }
+        for endpoint in &self.endpoints {
+            let https = endpoint.starts_with("https://");
+            if !(https || endpoint.starts_with("http://"))
+                || endpoint.split_once("://").is_none_or(|(_, h)| h.is_empty())
+            {
+                return Err(EtcdError::Config(format!(
+                    "etcd endpoint {endpoint:?} is not an http:// or https:// URL; write it like http://127.0.0.1:2379"
+                )));
+            }
+            if https && !cfg!(feature = "tls") {
+                return Err(EtcdError::Config(format!(
+                    "etcd endpoint {endpoint} is https, but this build has no TLS client; rebuild with the `tls` feature"
+                )));
+            }
+        }
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            return Err(EtcdError::Config(
+                "an etcd client certificate needs both the certificate and its key file".into(),
+            ));
+        }
+        if (self.tls.ca.is_some() || self.tls.cert.is_some()) && !cfg!(feature = "tls") {
+            return Err(EtcdError::Config(
+                "etcd TLS files were given, but this build has no TLS client; rebuild with the `tls` feature"
+                    .into(),
+            ));
+        }
+        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() || self.max_frame_bytes == 0 {
+            return Err(EtcdError::Config("etcd timeouts and the frame limit must be above zero".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Why an etcd call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// The configuration cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// No answer: connection refused, reset, or the deadline passed.
+    #[error("cannot reach etcd at {endpoint}: {detail}")]
+    Unreachable {
+        /// The endpoint tried.
+        endpoint: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// etcd answered with an error.
+    #[error("etcd at {endpoint} refused the call (HTTP {status}, gRPC code {code}): {message}")]
+    Server {
+        /// The endpoint.
+        endpoint: String,
+        /// HTTP status of the gateway's answer (0 inside a watch stream).
+        status: u16,
+        /// gRPC status code.
+        code: i64,
+        /// etcd's message.
+        message: String,
+    },
+    /// The answer passed the size limit.
+    #[error("etcd at {endpoint} sent more than {limit} bytes")]
+    TooLarge {
+        /// The endpoint.
+        endpoint: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// The answer could not be read.
+    #[error("etcd at {endpoint}: {source}")]
+    Wire {
+        /// The endpoint.
+        endpoint: String,
+        /// What is wrong with it.
+        source: WireError,
+    },
+}
+
+impl EtcdError {
+    /// Whether etcd said the auth token is missing, invalid or expired (a new one may fix it).
+    fn is_auth(&self) -> bool {
+        matches!(self, Self::Server { status: 401, .. })
+            || matches!(self, Self::Server { code: 16, .. })
+            || matches!(self, Self::Server { message, .. } if message.contains("invalid auth token"))
+    }
+}
+
+/// The error chain of a reqwest error in one line (reqwest's own message hides the cause).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// An etcd client. Cheap to clone (one connection pool).
+#[derive(Debug, Clone)]
+pub struct EtcdClient {
+    inner: std::sync::Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    http: reqwest::Client,
+    config: EtcdConfig,
+    /// The endpoint calls go to (moves on when one cannot be reached).
+    current: AtomicUsize,
+    token: Mutex<Option<Token>>,
+}
+
+/// etcd's auth token; never in `Debug`.
+#[derive(Clone)]
+struct Token(String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+impl EtcdClient {
+    /// A client for `config` (validated; TLS files read now, so a bad file fails here, not mid-run).
+    pub fn new(config: EtcdConfig) -> Result<Self, EtcdError> {
+        config.validate()?;
+        let builder = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            // etcd is reached directly: a desktop's HTTP(S)_PROXY must not carry its calls or its secrets.
+            .no_proxy();
+        let builder = tls(builder, &config.tls)?;
+        let http = builder
+            .build()
+            .map_err(|e| EtcdError::Config(format!("cannot set up the etcd client: {}", chain(&e))))?;
+        Ok(Self {
+            inner: std::sync::Arc::new(Inner {
+                http,
+                config,
+                current: AtomicUsize::new(0),
+                token: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// The endpoint calls go to now.
+    pub fn endpoint(&self) -> &str {
+        let endpoints = &self.inner.config.endpoints;
+        &endpoints[self.inner.current.load(Ordering::Relaxed) % endpoints.len()]
+    }
+
+    fn next_endpoint(&self) {
+        self.inner.current.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn cached_token(&self) -> Option<Token> {
+        self.inner.token.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn set_token(&self, token: Option<Token>) {
+        *self.inner.token.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = token;
+    }
+
+    /// A token for the configured user, asked for once and kept until etcd refuses it.
+    async fn token(&self) -> Result<Option<Token>, EtcdError> {
+        let Some(credentials) = &self.inner.config.credentials else { return Ok(None) };
+        if let Some(token) = self.cached_token() {
+            return Ok(Some(token));
+        }
+        let body = wire::authenticate_request(&credentials.user, &credentials.password);
+        let answer = self.send("/v3/auth/authenticate", &body, None).await?;
+        let endpoint = self.endpoint().to_owned();
+        let token = Token(wire::parse_token(&answer).map_err(|source| EtcdError::Wire { endpoint, source })?);
+        self.set_token(Some(token.clone()));
+        Ok(Some(token))
+    }
+
+    /// One POST to the current endpoint, bounded in time and size.
+    async fn send(&self, path: &str, body: &Value, token: Option<&Token>) -> Result<Vec<u8>, EtcdError> {
+        let endpoint = self.endpoint().to_owned();
+        let mut request = self
+            .inner
+            .http
+            .post(format!("{endpoint}{path}"))
+            .json(body)
+            .timeout(self.inner.config.request_timeout);
+        if let Some(token) = token {
+            request = request.header(reqwest::header::AUTHORIZATION, &token.0);
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(error) => {
+                self.next_endpoint();
+                return Err(EtcdError::Unreachable { endpoint, detail: chain(&error) });
+            }
+        };
+        let status = response.status().as_u16();
+        let body = read_limited(response, MAX_ANSWER_BYTES, &endpoint).await?;
+        if (200..300).contains(&status) {
+            return Ok(body);
+        }
+        let error = wire::parse_error(&body).unwrap_or(wire::ServerError {
+            code: 2,
+            message: String::from_utf8_lossy(&body).chars().take(200).collect(),
+        });
+        Err(EtcdError::Server { endpoint, status, code: error.code, message: error.message })
+    }
+
+    /// One call with auth: a refused token is dropped and the call made once more with a new one.
+    async fn call(&self, path: &str, body: &Value) -> Result<Vec<u8>, EtcdError> {
+        let token = self.token().await?;
+        match self.send(path, body, token.as_ref()).await {
+            Err(error) if token.is_some() && error.is_auth() => {
+                self.set_token(None);
+                let token = self.token().await?;
+                self.send(path, body, token.as_ref()).await
+            }
+            other => other,
+        }
+    }
+
+    fn wire<T>(&self, parsed: Result<T, WireError>) -> Result<T, EtcdError> {
+        parsed.map_err(|source| EtcdError::Wire { endpoint: self.endpoint().to_owned(), source })
+    }
+
+    /// Reads `key` as it stands now.
+    pub async fn get(&self, key: &str) -> Result<Range, EtcdError> {
+        self.get_at(key, 0).await
+    }
+
+    /// Reads `key` as it stood at `revision` (0: now). A revision compacted away is a `Server` error (code 11).
+    pub async fn get_at(&self, key: &str, revision: i64) -> Result<Range, EtcdError> {
+        let answer = self.call("/v3/kv/range", &wire::range_request(key.as_bytes(), revision)).await?;
+        self.wire(wire::parse_range(&answer))
+    }
+
+    /// Writes `value` to `key` only if the key's `mod_revision` is `expected_mod_revision` (0: only if it
+    /// does not exist yet), in one txn: etcd's If-Match.
+    pub async fn put_if(
+        &self,
+        key: &str,
+        value: &[u8],
+        expected_mod_revision: i64,
+    ) -> Result<TxnOutcome, EtcdError> {
+        let body = wire::put_if_request(key.as_bytes(), value, expected_mod_revision);
+        let answer = self.call("/v3/kv/txn", &body).await?;
+        self.wire(wire::parse_put_if(&answer))
+    }
+
+    /// Writes `value` to `key` whatever it holds; returns the new revision.
+    pub async fn put(&self, key: &str, value: &[u8]) -> Result<i64, EtcdError> {
+        let answer = self.call("/v3/kv/put", &wire::put_request(key.as_bytes(), value)).await?;
+        self.wire(wire::parse_put(&answer))
+    }
+
+    /// Watches `key` from `start_revision` on. The stream has no deadline (a quiet key is normal); a
+    /// watcher that must notice a silent partition reads the key now and then beside it.
+    pub async fn watch(&self, key: &str, start_revision: i64) -> Result<Watch, EtcdError> {
+        let body = wire::watch_request(key.as_bytes(), start_revision);
+        let mut retried = false;
+        loop {
+            let token = self.token().await?;
+            let endpoint = self.endpoint().to_owned();
+            let mut request = self.inner.http.post(format!("{endpoint}/v3/watch")).json(&body);
+            if let Some(token) = &token {
+                request = request.header(reqwest::header::AUTHORIZATION, &token.0);
+            }
+            let response = match request.send().await {
+                Ok(response) => response,
+                Err(error) => {
+                    self.next_endpoint();
+                    return Err(EtcdError::Unreachable { endpoint, detail: chain(&error) });
+                }
+            };
+            let status = response.status().as_u16();
+            if !(200..300).contains(&status) {
+                let body = read_limited(response, MAX_ANSWER_BYTES, &endpoint).await?;
+                let error = wire::parse_error(&body)
+                    .unwrap_or(wire::ServerError { code: 2, message: String::from_utf8_lossy(&body).into() });
+                let error = EtcdError::Server { endpoint, status, code: error.code, message: error.message };
+                if token.is_some() && error.is_auth() && !retried {
+                    retried = true;
+                    self.set_token(None);
+                    continue;
+                }
+                return Err(error);
+            }
+            return Ok(Watch {
+                endpoint,
+                body: Box::pin(response.bytes_stream()),
+                lines: wire::Lines::new(self.inner.config.max_frame_bytes),
+                ready: std::collections::VecDeque::new(),
+                client: self.clone(),
+            });
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+fn tls(mut builder: reqwest::ClientBuilder, files: &TlsFiles) -> Result<reqwest::ClientBuilder, EtcdError> {
+    let read = |path: &Path, what: &str| {
+        std::fs::read(path)
+            .map_err(|e| EtcdError::Config(format!("cannot read the etcd {what} {}: {e}", path.display())))
+    };
+    if let Some(ca) = &files.ca {
+        let pem = read(ca, "CA file")?;
+        let certificate = reqwest::Certificate::from_pem(&pem).map_err(|e| {
+            EtcdError::Config(format!(
+                "the etcd CA file {} is not a PEM certificate: {}",
+                ca.display(),
+                chain(&e)
+            ))
+        })?;
+        builder = builder.add_root_certificate(certificate);
+    }
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        let identity = reqwest::Identity::from_pkcs8_pem(
+            &read(cert, "client certificate")?,
+            &read(key, "client key")?,
+        )
+        .map_err(|e| {
+            EtcdError::Config(format!(
+                "the etcd client certificate {} and key {} cannot be used (the key must be PKCS#8 PEM: \
+                     openssl pkcs8 -topk8 -nocrypt converts one): {}",
+                cert.display(),
+                key.display(),
+                chain(&e)
+            ))
+        })?;
+        builder = builder.identity(identity);
+    }
+    Ok(builder)
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls(builder: reqwest::ClientBuilder, _files: &TlsFiles) -> Result<reqwest::ClientBuilder, EtcdError> {
+    // validate() already refused TLS files and https endpoints in a build without TLS.
+    Ok(builder)
+}
+
+async fn read_limited(
+    response: reqwest::Response,
+    limit: usize,
+    endpoint: &str,
+) -> Result<Vec<u8>, EtcdError> {
+    let too_large = || EtcdError::TooLarge { endpoint: endpoint.to_owned(), limit };
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| EtcdError::Unreachable { endpoint: endpoint.to_owned(), detail: chain(&e) })?;
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+type ByteStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
+
+/// A running watch: frames in order until etcd or the connection ends it.
+pub struct Watch {
+    endpoint: String,
+    body: ByteStream,
+    lines: wire::Lines,
+    ready: std::collections::VecDeque<Vec<u8>>,
+    client: EtcdClient,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").field("endpoint", &self.endpoint).finish_non_exhaustive()
+    }
+}
+
+impl Watch {
+    /// The next frame; `Ok(None)` when the stream ended (etcd stopped or the connection closed).
+    pub async fn next(&mut self) -> Result<Option<WatchFrame>, EtcdError> {
+        loop {
+            if let Some(line) = self.ready.pop_front() {
+                let endpoint = || self.endpoint.clone();
+                return match wire::parse_watch_frame(&line) {
+                    Ok(Ok(frame)) => Ok(Some(frame)),
+                    Ok(Err(error)) => {
+                        let error = EtcdError::Server {
+                            endpoint: endpoint(),
+                            status: 0,
+                            code: error.code,
+                            message: error.message,
+                        };
+                        if error.is_auth() {
+                            // The token expired: the next watch asks for a new one.
+                            self.client.set_token(None);
+                        }
+                        Err(error)
+                    }
+                    Err(source) => Err(EtcdError::Wire { endpoint: endpoint(), source }),
+                };
+            }
+            match self.body.next().await {
+                None => return Ok(None),
+                Some(Err(error)) => {
+                    return Err(EtcdError::Unreachable {
+                        endpoint: self.endpoint.clone(),
+                        detail: chain(&error),
+                    });
+                }
+                Some(Ok(chunk)) => {
+                    let lines = self
+                        .lines
+                        .push(&chunk)
+                        .map_err(|source| EtcdError::Wire { endpoint: self.endpoint.clone(), source })?;
+                    self.ready.extend(lines);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_are_checked_with_a_fix() {
+        assert!(EtcdConfig::new("http://127.0.0.1:2379").validate().is_ok());
+        let two = EtcdConfig::new("http://a:1, http://b:2/");
+        assert_eq!(two.endpoints, ["http://a:1", "http://b:2"]);
+        for bad in ["", "127.0.0.1:2379", "http://", "tcp://a:1"] {
+            let error = EtcdConfig::new(bad).validate().unwrap_err().to_string();
+            assert!(error.contains("http://127.0.0.1:2379"), "{bad}: {error}");
+        }
+        let half = EtcdConfig {
+            tls: TlsFiles { cert: Some("c.pem".into()), ..Default::default() },
+            ..EtcdConfig::new("http://a:1")
+        };
+        assert!(half.validate().is_err());
+    }
+
+    #[test]
+    fn credentials_come_from_a_file_and_stay_out_of_debug() {
+        let dir = std::env::temp_dir().join(format!("fleet-etcd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, "fleet:s3cret:with-colon\n").unwrap();
+        let credentials = Credentials::from_file(&good).unwrap();
+        assert_eq!(credentials.user, "fleet");
+        assert_eq!(credentials.password, "s3cret:with-colon");
+        assert!(!format!("{credentials:?}").contains("s3cret"));
+        let bad = dir.join("bad");
+        std::fs::write(&bad, "justauser\n").unwrap();
+        assert!(Credentials::from_file(&bad).unwrap_err().to_string().contains("USER:PASSWORD"));
+        assert!(Credentials::from_file(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,189 @@
+//! The policy from etcd, against a real etcd (Debian's etcd-server, started by the test on loopback): the
+//! router starts with the key's value, swaps on every change, refuses an invalid value and keeps its last
+//! good policy (counted, shown), refuses admin policy changes, keeps its policy through an etcd outage and
+//! catches up after it, and reads a key behind etcd's user/password auth.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use fleet_etcd::Credentials;
+use fleet_router::{EtcdPolicySource, RouterConfig};
+use fleet_test_support::etcd::EtcdServer;
+use fleet_test_support::eventually;
+use serde_json::Value;
+
+use crate::support::{TOKEN, TestRouter, client, router};
+
+const KEY: &str = "/fleetdeck/test/policy";
+
+async fn etcd_router(source: EtcdPolicySource) -> Result<TestRouter> {
+    router(RouterConfig {
+        admin_token: Some(TOKEN.to_owned()),
+        policy_etcd: Some(source),
+        ..RouterConfig::default()
+    })
+    .await
+}
+
+fn source(etcd: &EtcdServer) -> EtcdPolicySource {
+    let mut source = EtcdPolicySource::new(&etcd.url(), KEY);
+    source.check_every = Duration::from_millis(500);
+    source
+}
+
+/// Waits until the router's `/admin/state` satisfies `check`; returns that state.
+async fn state_until(router: &TestRouter, what: &str, check: impl Fn(&Value) -> bool) -> Result<Value> {
+    let http = client();
+    eventually(what, Duration::from_secs(20), || {
+        let http = http.clone();
+        let check = &check;
+        async move {
+            let state = router.admin_get(&http, "/admin/state").await?;
+            Ok(check(&state).then_some(state))
+        }
+    })
+    .await
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find(|line| line.starts_with(name))?.rsplit(' ').next()?.parse().ok()
+}
+
+#[tokio::test]
+async fn the_policy_follows_the_key_refuses_bad_values_and_survives_an_etcd_outage() -> Result<()> {
+    let mut etcd = EtcdServer::start().await?;
+    let store = etcd.client()?;
+    let first = store.put(KEY, br#"{"policy": "least_load"}"#).await?;
+    let router = etcd_router(source(&etcd)).await?;
+    // Read at start: the router serves the key's policy from its first request.
+    let policy = router.state.policy.load_full();
+    assert_eq!((policy.name, policy.store_revision), ("least_load", Some(first)));
+
+    let second = store.put(KEY, b"policy: power_of_two\n").await?;
+    let state = state_until(&router, "the router to run revision 2", |s| {
+        s["policy"]["store_revision"].as_i64() == Some(second)
+    })
+    .await?;
+    assert_eq!(state["policy"]["name"], "power_of_two");
+    assert_eq!(state["policy_store"]["key"], KEY);
+    assert_eq!(state["policy_store"]["connected"], true);
+
+    // An invalid value is refused: the last good policy stays, and the refusal is counted and shown.
+    let bad = store.put(KEY, br#"{"policy": "no_such_policy"}"#).await?;
+    let state = state_until(&router, "the router to see the bad value", |s| {
+        s["policy_store"]["seen_revision"].as_i64() == Some(bad)
+    })
+    .await?;
+    assert_eq!(state["policy"]["name"], "power_of_two");
+    assert_eq!(state["policy"]["store_revision"].as_i64(), Some(second));
+    assert_eq!(state["policy_store"]["rejected_total"], 1);
+    assert_eq!(state["policy_store"]["last_rejected"]["revision"].as_i64(), Some(bad));
+    assert!(
+        state["policy_store"]["last_rejected"]["reason"].as_str().unwrap_or("").contains("no_such_policy")
+    );
+    let metrics = client().get(format!("{}/metrics", router.url)).send().await?.text().await?;
+    assert_eq!(metric(&metrics, "fleet_router_policy_store_rejected_total"), Some(1.0), "{metrics}");
+    assert_eq!(metric(&metrics, "fleet_router_policy_store_revision"), Some(second as f64));
+    crate::admin::promtool_check(&metrics).await?;
+    // Garbage that is not even text is refused the same way.
+    let binary = store.put(KEY, &[0xff, 0x00, 0xfe]).await?;
+    state_until(&router, "the binary value refused", |s| {
+        s["policy_store"]["rejected_total"] == 2
+            && s["policy_store"]["seen_revision"].as_i64() == Some(binary)
+    })
+    .await?;
+    assert_eq!(router.state.policy.load().name, "power_of_two");
+
+    // The admin API no longer changes the policy: the store would undo it.
+    let http = client();
+    let put = http
+        .put(format!("{}/admin/policy", router.url))
+        .bearer_auth(TOKEN)
+        .header("If-Match", format!("\"{}\"", router.state.policy.load().version))
+        .body(r#"{"policy": "random"}"#)
+        .send()
+        .await?;
+    assert_eq!(put.status(), 409);
+    let body: Value = put.json().await?;
+    assert_eq!(body["code"], "policy_from_store");
+    let rollback =
+        http.post(format!("{}/admin/policy/rollback", router.url)).bearer_auth(TOKEN).send().await?;
+    assert_eq!(rollback.status(), 409);
+
+    // etcd dies: the router keeps its policy and says it lost the store.
+    etcd.kill();
+    let state = state_until(&router, "the router to notice etcd is gone", |s| {
+        s["policy_store"]["connected"] == false
+    })
+    .await?;
+    assert_eq!(state["policy"]["name"], "power_of_two");
+    assert!(state["policy_store"]["error"].is_string(), "{state}");
+    // etcd comes back (same data): the router reconnects and takes the next change.
+    etcd.restart().await?;
+    let store = etcd.client()?;
+    let after = store.put(KEY, br#"{"policy": "round_robin"}"#).await?;
+    let state = state_until(&router, "the router to catch up after the outage", |s| {
+        s["policy"]["store_revision"].as_i64() == Some(after)
+    })
+    .await?;
+    assert_eq!(state["policy"]["name"], "round_robin");
+    assert!(state["policy_store"]["reconnects_total"].as_u64().unwrap_or(0) >= 1, "{state}");
+    // Every good value was applied once (start, revision 2, after the outage); no bad one ever ran.
+    assert_eq!(router.state.metrics.policy_swaps.load(std::sync::atomic::Ordering::Relaxed), 3);
+    Ok(())
+}
+
+/// Runs etcdctl against `etcd` (as root once auth is on).
+fn etcdctl(etcd: &EtcdServer, args: &[&str]) -> Result<()> {
+    let output = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(etcd.url())
+        .args(args)
+        .output()
+        .context("cannot run etcdctl; run `cargo xtask setup --test` (Debian's etcd-client)")?;
+    if !output.status.success() {
+        bail!("etcdctl {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_router_reads_a_key_behind_etcd_auth_and_says_when_its_password_is_wrong() -> Result<()> {
+    let etcd = EtcdServer::start().await?;
+    etcd.client()?.put(KEY, br#"{"policy": "least_load"}"#).await?;
+    for args in [
+        &["user", "add", "root:root-pw"][..],
+        &["user", "grant-role", "root", "root"],
+        &["role", "add", "policy-reader"],
+        &["role", "grant-permission", "policy-reader", "read", "/fleetdeck/", "--prefix=true"],
+        &["user", "add", "router:router-pw"],
+        &["user", "grant-role", "router", "policy-reader"],
+        &["auth", "enable"],
+    ] {
+        etcdctl(&etcd, args)?;
+    }
+    // Without credentials the key cannot be read any more.
+    assert!(etcd.client()?.get(KEY).await.is_err());
+
+    let good = etcd.dir().join("router.user");
+    std::fs::write(&good, "router:router-pw\n")?;
+    let mut with_auth = source(&etcd);
+    with_auth.etcd.credentials = Some(Credentials::from_file(&good)?);
+    let router = etcd_router(with_auth).await?;
+    assert_eq!(router.state.policy.load().name, "least_load");
+
+    let mut wrong = source(&etcd);
+    wrong.etcd.credentials = Some(Credentials::new("router", "not-the-password"));
+    let refused = etcd_router(wrong).await?;
+    let state = state_until(&refused, "the wrong password to be reported", |s| {
+        s["policy_store"]["error"].as_str().is_some_and(|e| e.contains("authentication failed"))
+    })
+    .await?;
+    assert_eq!(state["policy_store"]["connected"], false);
+    assert_eq!(state["policy"]["name"], "round_robin");
+    // The password never shows, in the state or in the config's debug form.
+    assert!(!state.to_string().contains("not-the-password"));
+    assert!(!format!("{:?}", refused.state.config).contains("not-the-password"));
+    Ok(())
+}
