@@ -18,7 +18,7 @@ const KEY: &str = "/fleetdeck/test/policy";
 
 async fn etcd_router(source: EtcdPolicySource) -> Result<TestRouter> {
     router(RouterConfig {
-        admin_token: Some(TOKEN.to_owned()),
+        admin_token: Some(TOKEN.into()),
         policy_etcd: Some(source),
         ..RouterConfig::default()
     })
