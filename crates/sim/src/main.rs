@@ -1,5 +1,6 @@
 //! The `fleet-sim` command: serve emulated replicas, or drive an endpoint with traffic.
 
+mod cli_bench;
 mod cli_replay;
 mod cli_serve;
 
@@ -16,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 #[command(
     name = "fleet-sim",
     version,
-    about = "Emulated LLM replicas with vLLM's interfaces, and traffic for them"
+    about = "Emulated LLM replicas with vLLM's interfaces, traffic for them, and a benchmark client for any endpoint"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -53,6 +54,8 @@ enum Command {
     Compare(cli_replay::CompareArgs),
     /// Generate a seeded workload trace (Mooncake JSON Lines).
     Gen(cli_replay::GenArgs),
+    /// Replay a trace open-loop against an OpenAI endpoint and report TTFT, ITL, goodput and hit rate.
+    Bench(cli_bench::BenchArgs),
 }
 
 #[tokio::main]
@@ -91,6 +94,7 @@ async fn main() -> Result<()> {
         Command::Replay(args) => cli_replay::run_replay(args)?,
         Command::Compare(args) => cli_replay::run_compare(args)?,
         Command::Gen(args) => cli_replay::run_gen(args)?,
+        Command::Bench(args) => cli_bench::run(args, cancel).await?,
     }
     Ok(())
 }
