@@ -6,6 +6,7 @@
 //! only: this crate must compile in seconds on a fresh machine.
 
 mod bench;
+mod peers;
 mod pgo;
 
 use std::env;
@@ -49,7 +50,9 @@ commands:
   setup [--test]   install what is missing only
   pgo router [--features F]
                    build fleet-router with profile-guided optimisation (the deployment build)
-  bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)";
+  bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)
+  bench peers      fleet-router's policies vs SGLang's SMG and vllm-router on one emulated
+                   fleet and the same traces (fleet-sim bench; installs the pinned wheels; not CI)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
