@@ -42,7 +42,8 @@ struct Cli {
     #[arg(long = "replica")]
     replicas: Vec<String>,
     /// A fleet-router whose admin API feeds the heat map, decisions and headroom views. Repeatable;
-    /// pair each with a --router-token-file in the same order.
+    /// pair each with a --router-token-file in the same order. SGLang's SMG or vllm-router are shown too,
+    /// read-only: URL,metrics=http://HOST:PROMETHEUS_PORT/metrics adds their policy and counts.
     #[arg(long = "router")]
     routers: Vec<String>,
     /// File holding the admin token of the --router at the same position (mode 0600).
@@ -93,7 +94,8 @@ fn main() -> Result<()> {
             "--replica {url:?} is not an http(s) URL; write it like http://127.0.0.1:8100"
         );
     }
-    for url in &cli.routers {
+    for router in &cli.routers {
+        let url = router.split_once(",metrics=").map_or(router.as_str(), |(url, _)| url);
         anyhow::ensure!(
             url.starts_with("http://") || url.starts_with("https://"),
             "--router {url:?} is not an http(s) URL; write it like http://127.0.0.1:8080"
@@ -119,11 +121,16 @@ fn main() -> Result<()> {
     let control = runtime.block_on(async {
         let mut config = ControlConfig::new(cli.replicas.clone(), db.clone());
         config.scrape_interval = scrape_interval;
-        for (i, url) in cli.routers.iter().enumerate() {
+        for (i, router) in cli.routers.iter().enumerate() {
+            let (url, metrics_url) = match router.split_once(",metrics=") {
+                Some((url, metrics)) => (url.to_owned(), Some(metrics.to_owned())),
+                None => (router.clone(), None),
+            };
             config.routers.push(RouterTarget {
-                url: url.clone(),
+                url,
                 token: None,
                 token_file: cli.router_token_files.get(i).cloned(),
+                metrics_url,
             });
         }
         if cli.demo {
