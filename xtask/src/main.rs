@@ -146,7 +146,7 @@ fn setup(for_tests: bool) -> Result<()> {
 
 /// The Python packages tests use as independent, real clients (tests/requirements.txt).
 fn ensure_python_clients() -> Result<()> {
-    let probe = "import openai, prometheus_client, msgpack, zmq";
+    let probe = "import openai, prometheus_client, msgpack, zmq, smg";
     if Command::new("python3").args(["-c", probe]).output().is_ok_and(|out| out.status.success()) {
         return Ok(());
     }

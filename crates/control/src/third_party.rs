@@ -71,19 +71,26 @@ pub struct PeerState {
     pub metrics_error: Option<String>,
 }
 
-/// Recognises a third-party router from its `GET /workers` body: vllm-router's carries `stats` and `total`
-/// beside the list; SMG's workers carry `runtime_type`, `models` or `engine_load`.
-pub fn detect(workers_body: &[u8]) -> Option<PeerKind> {
+/// Recognises a third-party router from its `GET /workers` body and, when that cannot tell (no workers
+/// yet), its `GET /get_loads` body. Both list `workers` with `total` and `stats` (vllm-router derives from
+/// SGLang's router); SMG's workers also carry `id`, `runtime_type`, `models` or `engine_load`, and SMG's
+/// loads name its version (`smg-1.13.0`).
+pub fn detect(workers_body: &[u8], loads_body: Option<&[u8]>) -> Option<PeerKind> {
     let value: Value = serde_json::from_slice(workers_body).ok()?;
     let workers = value.get("workers")?.as_array()?;
-    if value.get("stats").is_some() && value.get("total").is_some() {
-        return Some(PeerKind::VllmRouter);
+    if value.get("stats").is_none() || value.get("total").is_none() {
+        return None;
     }
-    let smg_fields = ["runtime_type", "models", "engine_load", "connection_mode"];
-    if workers.is_empty() || workers.iter().any(|w| smg_fields.iter().any(|f| w.get(f).is_some())) {
+    let smg_fields = ["id", "runtime_type", "models", "engine_load"];
+    if workers.iter().any(|w| smg_fields.iter().any(|f| w.get(f).is_some())) {
         return Some(PeerKind::Smg);
     }
-    None
+    if !workers.is_empty() {
+        return Some(PeerKind::VllmRouter);
+    }
+    let loads: Value = serde_json::from_slice(loads_body?).ok()?;
+    let smg = loads.get("version").and_then(Value::as_str).is_some_and(|v| v.starts_with("smg"));
+    Some(if smg { PeerKind::Smg } else { PeerKind::VllmRouter })
 }
 
 /// The workers of a `GET /workers` body (both routers name them by `url`).
@@ -176,7 +183,11 @@ async fn get(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
 /// Asks `base_url` whether it is a third-party router; None if `/workers` is not one of theirs.
 pub async fn detect_at(http: &reqwest::Client, base_url: &str) -> Option<PeerKind> {
     let body = get(http, &format!("{base_url}/workers")).await.ok()?;
-    detect(&body)
+    if let Some(kind) = detect(&body, None) {
+        return Some(kind);
+    }
+    let loads = get(http, &format!("{base_url}/get_loads")).await.ok()?;
+    detect(&body, Some(&loads))
 }
 
 /// Reads a known third-party router: its workers, and its metrics when `metrics_url` is given.
@@ -228,18 +239,24 @@ mod tests {
     const SMG_WORKERS: &str = r#"{"workers":[{"id":"01a2","model_id":"m","url":"http://127.0.0.1:18101",
         "models":[{"id":"m"}],"worker_type":"regular","connection_mode":"http","runtime_type":"vllm",
         "is_healthy":true,"status":"ready","load":0},{"id":"01a3","url":"http://127.0.0.1:18100","runtime_type":"vllm",
-        "is_healthy":false,"load":2}]}"#;
+        "is_healthy":false,"load":2}],"total":2,"stats":{"prefill_count":0,"decode_count":0,"regular_count":2}}"#;
     const VLLM_WORKERS: &str = r#"{"workers":[{"url":"http://127.0.0.1:18101","model_id":"unknown",
         "worker_type":"regular","is_healthy":true,"load":0,"connection_mode":"Http","priority":50,"cost":1.0}],
         "total":1,"stats":{"prefill_count":0,"decode_count":0,"regular_count":1}}"#;
 
     #[test]
     fn the_two_routers_are_told_apart_and_others_are_not_taken_for_them() {
-        assert_eq!(detect(SMG_WORKERS.as_bytes()), Some(PeerKind::Smg));
-        assert_eq!(detect(VLLM_WORKERS.as_bytes()), Some(PeerKind::VllmRouter));
-        assert_eq!(detect(br#"{"error":"not found"}"#), None);
-        assert_eq!(detect(b"<html>"), None);
-        assert_eq!(detect(br#"{"workers":[{"name":"x"}]}"#), None);
+        assert_eq!(detect(SMG_WORKERS.as_bytes(), None), Some(PeerKind::Smg));
+        assert_eq!(detect(VLLM_WORKERS.as_bytes(), None), Some(PeerKind::VllmRouter));
+        assert_eq!(detect(br#"{"error":"not found"}"#, None), None);
+        assert_eq!(detect(b"<html>", None), None);
+        assert_eq!(detect(br#"{"workers":[{"name":"x"}]}"#, None), None);
+        // No workers yet: the loads tell.
+        let empty = br#"{"workers":[],"total":0,"stats":{}}"#;
+        assert_eq!(detect(empty, None), None);
+        let smg_loads = br#"{"timestamp":"t","version":"smg-1.13.0","dp_rank_count":0,"loads":[]}"#;
+        assert_eq!(detect(empty, Some(smg_loads)), Some(PeerKind::Smg));
+        assert_eq!(detect(empty, Some(br#"{"workers":[]}"#)), Some(PeerKind::VllmRouter));
     }
 
     #[test]

@@ -4,5 +4,7 @@
 
 #[path = "control/rollout.rs"]
 mod rollout;
+#[path = "control/third_party.rs"]
+mod third_party;
 #[path = "control/views.rs"]
 mod views;
