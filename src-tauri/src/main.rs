@@ -65,7 +65,8 @@ struct Cli {
     #[arg(long = "prometheus")]
     prometheus: Vec<String>,
     /// A fleet-router whose admin API feeds the heat map, decisions and headroom views. Repeatable;
-    /// pair each with a --router-token-file in the same order.
+    /// pair each with a --router-token-file in the same order. SGLang's SMG or vllm-router are shown too,
+    /// read-only: URL,metrics=http://HOST:PROMETHEUS_PORT/metrics adds their policy and counts.
     #[arg(long = "router")]
     routers: Vec<String>,
     /// File holding the admin token of the --router at the same position (mode 0600).
@@ -174,7 +175,8 @@ fn main() -> Result<()> {
             "--prometheus {url:?} is not an http(s) URL; write it like http://127.0.0.1:9090"
         );
     }
-    for url in &cli.routers {
+    for router in &cli.routers {
+        let url = router.split_once(",metrics=").map_or(router.as_str(), |(url, _)| url);
         anyhow::ensure!(
             url.starts_with("http://") || url.starts_with("https://"),
             "--router {url:?} is not an http(s) URL; write it like http://127.0.0.1:8080"
@@ -230,11 +232,16 @@ fn main() -> Result<()> {
                 TlsFiles { ca: cli.etcd_ca.clone(), cert: cli.etcd_cert.clone(), key: cli.etcd_key.clone() };
             config.policy_store = Some(fleetdeck_control::PolicyStoreConfig { etcd, key: key.clone() });
         }
-        for (i, url) in cli.routers.iter().enumerate() {
+        for (i, router) in cli.routers.iter().enumerate() {
+            let (url, metrics_url) = match router.split_once(",metrics=") {
+                Some((url, metrics)) => (url.to_owned(), Some(metrics.to_owned())),
+                None => (router.clone(), None),
+            };
             config.routers.push(RouterTarget {
-                url: url.clone(),
+                url,
                 token: None,
                 token_file: cli.router_token_files.get(i).cloned(),
+                metrics_url,
             });
         }
         if cli.demo {

@@ -105,9 +105,77 @@ pub fn short_url(url: &str) -> &str {
     s.strip_suffix("/metrics").unwrap_or(s)
 }
 
+/// A router chip's badge and text: fleet-router's policy and version; a third-party router's kind, policy
+/// (from its metrics), workers and request counts.
+pub fn router_summary(r: &fleetdeck_api::RouterSource) -> (String, String) {
+    let badge = match (r.error.is_some(), r.kind.as_str()) {
+        (true, "" | "fleet-router") => "router error".to_owned(),
+        (true, kind) => format!("{kind} error"),
+        (false, "") => "router".to_owned(),
+        (false, kind) => kind.to_owned(),
+    };
+    if let Some(error) = &r.error {
+        return (badge, error.clone());
+    }
+    let text = match (&r.policy, r.policy_version) {
+        (Some(p), Some(v)) => format!("policy {p} v{v}"),
+        (Some(p), None) => format!("policy {p}"),
+        (None, _) if r.read_only.is_some() => "policy not seen yet".to_owned(),
+        (None, _) => "ok".to_owned(),
+    };
+    if r.read_only.is_none() {
+        return (badge, text);
+    }
+    let healthy = r.workers.iter().filter(|w| w.healthy == Some(true)).count();
+    let mut text = format!("{text} · {healthy}/{} workers healthy", r.workers.len());
+    if let Some(requests) = r.requests_total {
+        text.push_str(&format!(" · {} requests", count(Some(requests))));
+    }
+    if let Some(errors) = r.errors_total {
+        text.push_str(&format!(", {} errors", count(Some(errors))));
+    }
+    (badge, text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn router_chips_say_what_kind_of_router_and_what_it_reports() {
+        let mut r = fleetdeck_api::RouterSource {
+            url: "http://127.0.0.1:30000".into(),
+            error: None,
+            policy: Some("cache_aware".into()),
+            policy_version: None,
+            kind: "smg".into(),
+            read_only: Some("read-only: smg has no API to change its routing policy".into()),
+            workers: vec![
+                fleetdeck_api::RouterWorker { url: "a".into(), healthy: Some(true), load: Some(0.0) },
+                fleetdeck_api::RouterWorker { url: "b".into(), healthy: Some(false), load: None },
+            ],
+            requests_total: Some(12.0),
+            errors_total: Some(0.0),
+        };
+        assert_eq!(
+            router_summary(&r),
+            ("smg".into(), "policy cache_aware · 1/2 workers healthy · 12 requests, 0 errors".into())
+        );
+        r.policy = None;
+        assert!(router_summary(&r).1.starts_with("policy not seen yet"));
+        r.error = Some("cannot reach".into());
+        assert_eq!(router_summary(&r), ("smg error".into(), "cannot reach".into()));
+        let ours = fleetdeck_api::RouterSource {
+            kind: "fleet-router".into(),
+            policy: Some("kv_precise".into()),
+            policy_version: Some(3),
+            read_only: None,
+            workers: Vec::new(),
+            error: None,
+            ..r
+        };
+        assert_eq!(router_summary(&ours), ("fleet-router".into(), "policy kv_precise v3".into()));
+    }
 
     #[test]
     fn missing_is_a_dash_and_zero_is_zero() {

@@ -177,7 +177,7 @@ impl Drop for HaltPolling {
 
 /// A child process stopped on drop: SIGTERM first, so that nginx's master takes its workers
 /// down with it (a SIGKILLed master leaves them running), then SIGKILL.
-pub(crate) struct Guard(Child);
+pub(crate) struct Guard(pub(crate) Child);
 
 impl Guard {
     /// Stops the process with SIGTERM and waits up to `grace` for it to exit by itself; an error if it
@@ -244,7 +244,7 @@ pub(crate) fn start_and_wait(program: &Path, args: &[String], marker: &str) -> R
     Ok(guard)
 }
 
-fn wait_for_port(port: u16, timeout: Duration) -> Result<()> {
+pub(crate) fn wait_for_port(port: u16, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -273,7 +273,7 @@ fn nginx_config(dir: &Path, port: u16, replicas: &[u16]) -> String {
 /// Latency percentiles (microseconds), requests per second and request count of one wrk run.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WrkResult {
-    p50_us: f64,
+    pub(crate) p50_us: f64,
     p99_us: f64,
     rps: f64,
     pub(crate) requests: f64,
@@ -341,7 +341,7 @@ pub(crate) fn wrk(
 }
 
 /// CPU time (user, system) a process and its threads have used so far, in seconds.
-fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
+pub(crate) fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
@@ -358,7 +358,7 @@ fn serving_pids(pid: u32) -> Vec<u32> {
     if workers.is_empty() { vec![pid] } else { workers }
 }
 
-fn median(values: &mut [f64]) -> f64 {
+pub(crate) fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     match values.len() {
         0 => f64::NAN,
@@ -457,10 +457,8 @@ pub fn run_bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("router") => router_bench(),
         Some("etcd") => etcd_bench(&args[1..]),
-        _ => {
-            Err("usage: cargo xtask bench router | cargo xtask bench etcd [--routers N] [--pushes N]"
-                .to_owned())
-        }
+        Some("peers") => crate::peers::run_peers(),
+        _ => Err("usage: cargo xtask bench router | peers | etcd [--routers N] [--pushes N]".to_owned()),
     }
 }
 

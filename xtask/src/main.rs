@@ -8,6 +8,7 @@
 
 mod bench;
 mod dist;
+mod peers;
 mod pgo;
 
 use std::env;
@@ -64,6 +65,8 @@ commands:
   pgo router [--features F]
                    build fleet-router with profile-guided optimisation (the deployment build)
   bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)
+  bench peers      fleet-router's policies vs SGLang's SMG and vllm-router on one emulated
+                   fleet and the same traces (fleet-sim bench; installs the pinned wheels; not CI)
   bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)";
 
 fn main() -> ExitCode {
@@ -159,7 +162,7 @@ fn setup(for_tests: bool) -> Result<()> {
 
 /// The Python packages tests use as independent, real clients (tests/requirements.txt).
 fn ensure_python_clients() -> Result<()> {
-    let probe = "import openai, prometheus_client, msgpack, zmq";
+    let probe = "import openai, prometheus_client, msgpack, zmq, smg";
     if Command::new("python3").args(["-c", probe]).output().is_ok_and(|out| out.status.success()) {
         return Ok(());
     }

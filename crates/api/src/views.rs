@@ -31,6 +31,28 @@ pub struct RouterSource {
     /// Policy name and version the router reported, when it answered.
     pub policy: Option<String>,
     pub policy_version: Option<u64>,
+    /// `fleet-router`, `smg` or `vllm-router` (empty until the router first answered).
+    #[serde(default)]
+    pub kind: String,
+    /// Why the app cannot change this router's policy (third-party routers); the UI shows it.
+    #[serde(default)]
+    pub read_only: Option<String>,
+    /// The workers a third-party router lists (fleet-router's replicas are in its own views).
+    #[serde(default)]
+    pub workers: Vec<RouterWorker>,
+    /// A third-party router's own request and error counts (from its metrics).
+    #[serde(default)]
+    pub requests_total: Option<f64>,
+    #[serde(default)]
+    pub errors_total: Option<f64>,
+}
+
+/// One worker of a third-party router, as it lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouterWorker {
+    pub url: String,
+    pub healthy: Option<bool>,
+    pub load: Option<f64>,
 }
 
 // ---------- heat map ----------

@@ -93,7 +93,12 @@ impl DemoFleet {
         tokio::spawn(async move {
             let _ = fleet.join().await;
         });
-        let router = RouterTarget { url: router_url.clone(), token: None, token_file: Some(token_file) };
+        let router = RouterTarget {
+            url: router_url.clone(),
+            token: None,
+            token_file: Some(token_file),
+            metrics_url: None,
+        };
         Ok(Self { replica_urls, router_url, router, load })
     }
 }

@@ -201,6 +201,7 @@ impl Control {
                     url: r.url.clone(),
                     token: None,
                     token_file: r.token_file.clone(),
+                    metrics_url: None,
                 });
             }
         }

@@ -3,6 +3,7 @@
 //! - [`fleet`]: the watched replicas, the scrape loop and the live snapshot.
 //! - [`admin`]: the fleet-router admin API client (bounded calls, lenient wire shapes).
 //! - [`routers`]: the routers the app reads, their cached states and observed policy changes.
+//! - [`third_party`]: SGLang's SMG and vllm-router read as routers too (workers, own metrics; read-only).
 //! - [`heat`], [`headroom`]: pure computations behind the heat map and headroom views.
 //! - [`views`]: the commands of the heat map, replica detail, decisions, headroom and settings.
 //! - [`sources`]: Prometheus servers as a source of replicas; [`discovery`]: replicas and routers from a
@@ -35,6 +36,7 @@ pub mod routers;
 pub mod settings;
 pub mod sources;
 pub mod synthetic;
+pub mod third_party;
 pub mod views;
 pub mod whatif;
 

@@ -2,7 +2,9 @@
 //! per-router cache the heat map reads), and the policy changes seen while polling them.
 //!
 //! A poller asks every router for `/admin/state` once per [`POLL_EVERY`], all at once, each
-//! call bounded; a router that fails keeps its last good state beside the error.
+//! call bounded; a router that fails keeps its last good state beside the error. A URL whose admin
+//! API is missing but whose `/workers` is SGLang's SMG or vllm-router's is read as that router instead
+//! (`third_party`): its workers and own metrics, read-only.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,10 +13,11 @@ use std::time::Duration;
 
 use fleet_store::Store;
 use fleet_store::secrets::Secret;
-use fleetdeck_api::{PolicyMarker, RouterSource};
+use fleetdeck_api::{PolicyMarker, RouterSource, RouterWorker};
 
-use crate::admin::{AdminClient, RouterState};
+use crate::admin::{AdminClient, AdminError, RouterState};
 use crate::fleet::unix_ms_now;
+use crate::third_party::{self, PeerKind, PeerState};
 
 /// How often every router's state is refreshed.
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
@@ -27,6 +30,8 @@ pub struct RouterTarget {
     pub url: String,
     pub token: Option<Secret>,
     pub token_file: Option<PathBuf>,
+    /// A third-party router's Prometheus endpoint (its `--prometheus-port`), where its policy and counts are.
+    pub metrics_url: Option<String>,
 }
 
 #[derive(Debug)]
@@ -39,6 +44,28 @@ struct Entry {
     error: Option<String>,
     /// The policy last seen, to notice changes.
     seen: Option<(String, u64)>,
+    metrics_url: Option<String>,
+    /// Set once the URL answered as a third-party router, with what it said last.
+    peer_kind: Option<PeerKind>,
+    peer: Option<PeerState>,
+}
+
+/// What one poll of one router gave.
+enum Polled {
+    Fleet(Result<RouterState, String>),
+    Peer(PeerKind, Result<PeerState, String>),
+}
+
+/// Whether a failed admin call may mean "not a fleet-router" (then its `/workers` is asked).
+fn maybe_third_party(error: &AdminError) -> bool {
+    matches!(
+        error,
+        AdminError::NoToken { .. }
+            | AdminError::AdminDisabled { .. }
+            | AdminError::Unauthorized { .. }
+            | AdminError::Status { status: 404 | 405, .. }
+            | AdminError::BadBody { .. }
+    )
 }
 
 /// Every router the app reads. Shared by all views.
@@ -84,6 +111,9 @@ impl Routers {
             state: None,
             error: None,
             seen: None,
+            metrics_url: target.metrics_url,
+            peer_kind: None,
+            peer: None,
         };
         let mut entries = lock(&self.entries);
         entries.retain(|e| e.client.url != entry.client.url);
@@ -103,22 +133,60 @@ impl Routers {
 
     /// Refreshes every router's state once, concurrently.
     pub(crate) async fn poll(&self) {
-        let clients: Vec<(AdminClient, Option<String>)> =
-            lock(&self.entries).iter().map(|e| (e.client.clone(), e.token_error.clone())).collect();
-        let results =
-            futures_util::future::join_all(clients.iter().map(|(client, token_error)| async move {
-                match token_error {
-                    Some(e) => Err(e.clone()),
-                    None => client.state().await.map_err(|e| e.to_string()),
+        type Job = (AdminClient, Option<String>, Option<PeerKind>, Option<String>);
+        let clients: Vec<Job> = lock(&self.entries)
+            .iter()
+            .map(|e| (e.client.clone(), e.token_error.clone(), e.peer_kind, e.metrics_url.clone()))
+            .collect();
+        let http = &self.http;
+        let results = futures_util::future::join_all(clients.iter().map(
+            |(client, token_error, peer_kind, metrics_url)| async move {
+                let metrics_url = metrics_url.as_deref();
+                if let Some(kind) = peer_kind {
+                    return Polled::Peer(
+                        *kind,
+                        third_party::probe(http, *kind, &client.url, metrics_url).await,
+                    );
                 }
-            }))
-            .await;
+                let error = match token_error {
+                    Some(e) => return Polled::Fleet(Err(e.clone())),
+                    None => match client.state().await {
+                        Ok(state) => return Polled::Fleet(Ok(state)),
+                        Err(error) => error,
+                    },
+                };
+                if maybe_third_party(&error)
+                    && let Some(kind) = third_party::detect_at(http, &client.url).await
+                {
+                    return Polled::Peer(
+                        kind,
+                        third_party::probe(http, kind, &client.url, metrics_url).await,
+                    );
+                }
+                Polled::Fleet(Err(error.to_string()))
+            },
+        ))
+        .await;
         let now_ms = unix_ms_now();
         let mut new_markers = Vec::new();
         {
             let mut entries = lock(&self.entries);
-            for ((client, _), result) in clients.iter().zip(results) {
+            for ((client, ..), result) in clients.iter().zip(results) {
                 let Some(entry) = entries.iter_mut().find(|e| e.client.url == client.url) else { continue };
+                let result = match result {
+                    Polled::Fleet(result) => result,
+                    Polled::Peer(kind, result) => {
+                        entry.peer_kind = Some(kind);
+                        match result {
+                            Ok(peer) => {
+                                entry.peer = Some(peer);
+                                entry.error = None;
+                            }
+                            Err(error) => entry.error = Some(error),
+                        }
+                        continue;
+                    }
+                };
                 match result {
                     Ok(state) => {
                         let policy = (state.policy.name.clone(), state.policy.version);
@@ -148,13 +216,39 @@ impl Routers {
     pub(crate) fn sources(&self) -> Vec<RouterSource> {
         lock(&self.entries)
             .iter()
-            .map(|e| RouterSource {
-                url: e.client.url.clone(),
-                error: e.error.clone().or_else(|| {
-                    e.state.is_none().then(|| "waiting for the first answer from this router".to_owned())
-                }),
-                policy: e.state.as_ref().map(|s| s.policy.name.clone()),
-                policy_version: e.state.as_ref().map(|s| s.policy.version),
+            .map(|e| {
+                let answered = e.state.is_some() || e.peer.is_some();
+                let mut source = RouterSource {
+                    url: e.client.url.clone(),
+                    error: e.error.clone().or_else(|| {
+                        (!answered).then(|| "waiting for the first answer from this router".to_owned())
+                    }),
+                    policy: e.state.as_ref().map(|s| s.policy.name.clone()),
+                    policy_version: e.state.as_ref().map(|s| s.policy.version),
+                    kind: if e.state.is_some() { "fleet-router".to_owned() } else { String::new() },
+                    read_only: None,
+                    workers: Vec::new(),
+                    requests_total: None,
+                    errors_total: None,
+                };
+                if let Some(kind) = e.peer_kind {
+                    source.kind = kind.name().to_owned();
+                    source.read_only = Some(kind.read_only_reason());
+                }
+                if let Some(peer) = &e.peer {
+                    source.policy = peer.policy.clone();
+                    source.workers = peer
+                        .workers
+                        .iter()
+                        .map(|w| RouterWorker { url: w.url.clone(), healthy: w.healthy, load: w.load })
+                        .collect();
+                    source.requests_total = peer.requests_total;
+                    source.errors_total = peer.errors_total;
+                    if let (None, Some(note)) = (&source.error, &peer.metrics_error) {
+                        source.read_only = Some(format!("{}; {note}", peer.kind.read_only_reason()));
+                    }
+                }
+                source
             })
             .collect()
     }
@@ -166,8 +260,10 @@ impl Routers {
 
     /// Each router's client with its replica names (id -> URL) from its last state.
     pub(crate) fn clients(&self) -> Vec<(AdminClient, HashMap<String, String>)> {
+        // Third-party routers have no admin API: decisions, traces and pushes skip them.
         lock(&self.entries)
             .iter()
+            .filter(|e| e.peer_kind.is_none())
             .map(|e| (e.client.clone(), e.state.as_ref().map(RouterState::urls_by_id).unwrap_or_default()))
             .collect()
     }

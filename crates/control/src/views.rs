@@ -287,8 +287,12 @@ impl Control {
                         ..Default::default()
                     },
                 };
-                let target =
-                    RouterTarget { url: url.clone(), token: None, token_file: Some(token_file.clone()) };
+                let target = RouterTarget {
+                    url: url.clone(),
+                    token: None,
+                    token_file: Some(token_file.clone()),
+                    metrics_url: None,
+                };
                 self.inner.routers.add(target, &self.inner.store).await;
                 self.save(|s| {
                     s.routers.retain(|r| r.url != url);

@@ -8,5 +8,7 @@ mod discovery;
 mod etcd_fleet;
 #[path = "control/rollout.rs"]
 mod rollout;
+#[path = "control/third_party.rs"]
+mod third_party;
 #[path = "control/views.rs"]
 mod views;

@@ -7,10 +7,12 @@
 //! - [`server`]: one replica's HTTP server; [`faults`] and [`admin`]: fault injection at runtime.
 //! - [`kv_publish`]: vLLM's KV-cache events over ZMQ (PUB + replay).
 //! - [`load`]: a steady, prefix-sharing traffic generator (the demo's clients).
+//! - [`bench`]: a trace-driven, open-loop benchmark client for any OpenAI endpoint (`fleet-sim bench`).
 //!
 //! Nothing here knows about routing policies or the desktop app.
 
 pub mod admin;
+pub mod bench;
 pub mod driver;
 pub mod engine;
 pub mod exposition;

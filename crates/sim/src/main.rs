@@ -1,5 +1,6 @@
 //! The `fleet-sim` command: serve emulated replicas, or drive an endpoint with traffic.
 
+mod cli_bench;
 mod cli_replay;
 mod cli_serve;
 
@@ -34,7 +35,7 @@ Examples:
 #[command(
     name = "fleet-sim",
     version,
-    about = "Emulated LLM replicas with vLLM's interfaces, and traffic for them",
+    about = "Emulated LLM replicas with vLLM's interfaces, traffic for them, and a benchmark client for any endpoint",
     after_help = EXAMPLES
 )]
 struct Cli {
@@ -72,6 +73,8 @@ enum Command {
     Compare(cli_replay::CompareArgs),
     /// Generate a seeded workload trace (Mooncake JSON Lines).
     Gen(cli_replay::GenArgs),
+    /// Replay a trace open-loop against an OpenAI endpoint and report TTFT, ITL, goodput and hit rate.
+    Bench(cli_bench::BenchArgs),
 }
 
 #[tokio::main]
@@ -110,6 +113,7 @@ async fn main() -> Result<()> {
         Command::Replay(args) => cli_replay::run_replay(args)?,
         Command::Compare(args) => cli_replay::run_compare(args)?,
         Command::Gen(args) => cli_replay::run_gen(args)?,
+        Command::Bench(args) => cli_bench::run(args, cancel).await?,
     }
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! fleet-sim's one integration test binary: real servers on 127.0.0.1 port 0, real processes,
 //! real clients (reqwest, Python's openai / prometheus_client / pyzmq + msgpack, promtool).
 
+#[path = "sim/bench.rs"]
+mod bench;
 #[path = "sim/model.rs"]
 mod model;
 #[path = "sim/replay.rs"]

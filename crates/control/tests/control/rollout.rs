@@ -42,7 +42,12 @@ async fn setup(replicas: usize, routers: usize) -> Result<Setup> {
     let mut config = ControlConfig::new(sim.urls().to_vec(), dir.path().join("history.db"));
     config.routers = handles
         .iter()
-        .map(|h| RouterTarget { url: h.url(), token: Some(TOKEN.into()), token_file: None })
+        .map(|h| RouterTarget {
+            url: h.url(),
+            token: Some(TOKEN.into()),
+            token_file: None,
+            metrics_url: None,
+        })
         .collect();
     let stop = CancellationToken::new();
     let control = Control::start(config, stop.clone()).await?;

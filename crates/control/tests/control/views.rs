@@ -42,7 +42,12 @@ async fn heat_decisions_headroom_and_history_come_from_the_live_router() -> Resu
     .await?;
     let dir = tempfile::tempdir()?;
     let mut config = ControlConfig::new(sim.urls().to_vec(), dir.path().join("history.sqlite"));
-    config.routers = vec![RouterTarget { url: router.url(), token: Some(TOKEN.into()), token_file: None }];
+    config.routers = vec![RouterTarget {
+        url: router.url(),
+        token: Some(TOKEN.into()),
+        token_file: None,
+        metrics_url: None,
+    }];
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
     let control = Control::start(config, stop).await?;
