@@ -105,7 +105,7 @@ async fn control(
     let mut config = ControlConfig::new(Vec::new(), dir.join("history.db"));
     config.routers = urls
         .iter()
-        .map(|url| RouterTarget { url: url.clone(), token: Some(TOKEN.into()), token_file: None })
+        .map(|url| RouterTarget { url: url.clone(), token: Some(TOKEN.into()), ..RouterTarget::default() })
         .collect();
     config.policy_store = store;
     Control::start(config, stop.child_token()).await

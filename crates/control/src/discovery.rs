@@ -288,8 +288,11 @@ impl Control {
             }
         }
         for router in found.routers.difference(&before.routers) {
-            let target =
-                RouterTarget { url: router.url.clone(), token: None, token_file: router.token_file.clone() };
+            let target = RouterTarget {
+                url: router.url.clone(),
+                token_file: router.token_file.clone(),
+                ..RouterTarget::default()
+            };
             self.inner.routers.add(target, &self.inner.store).await;
         }
         for router in before.routers.difference(&found.routers) {

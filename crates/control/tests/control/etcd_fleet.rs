@@ -109,7 +109,7 @@ async fn fifty_routers_follow_every_push_refuse_a_bad_value_and_ride_out_an_etcd
     let mut config = ControlConfig::new(Vec::new(), dir.path().join("history.db"));
     config.routers = urls
         .iter()
-        .map(|url| RouterTarget { url: url.clone(), token: Some(TOKEN.into()), token_file: None })
+        .map(|url| RouterTarget { url: url.clone(), token: Some(TOKEN.into()), ..RouterTarget::default() })
         .collect();
     config.policy_store = Some(PolicyStoreConfig { etcd: EtcdConfig::new(&etcd.url()), key: KEY.into() });
     let stop = CancellationToken::new();
@@ -250,7 +250,7 @@ async fn a_canary_on_etcd_writes_its_group_key_rolls_it_back_and_promotes_throug
     let mut config = ControlConfig::new(Vec::new(), dir.path().join("history.db"));
     config.routers = [&canary, &baseline]
         .iter()
-        .map(|r| RouterTarget { url: r.url(), token: Some(TOKEN.into()), token_file: None })
+        .map(|r| RouterTarget { url: r.url(), token: Some(TOKEN.into()), ..RouterTarget::default() })
         .collect();
     config.policy_store = Some(PolicyStoreConfig { etcd: EtcdConfig::new(&etcd.url()), key: MAIN.into() });
     let stop = CancellationToken::new();
