@@ -426,7 +426,7 @@ async fn the_first_window_adds_a_replica_or_starts_the_demo() -> Result<()> {
     let app = headless(&[], first_dir.path()).await?;
     let driver = chromedriver().await?;
     let browser = chromium_session(&driver).await?;
-    browser.goto(&format!("{}#/fleet", app.url)).await?;
+    browser.goto(&app.page("#/fleet")).await?;
     let tiles = || async {
         Ok::<_, anyhow::Error>(browser.find_all(Locator::Css("[data-testid=replica-tile]")).await?.len())
     };
@@ -455,7 +455,7 @@ async fn the_first_window_adds_a_replica_or_starts_the_demo() -> Result<()> {
 
     // Another empty app: one click starts the demo fleet inside it, and its replicas fill the view.
     let empty = headless(&[], second_dir.path()).await?;
-    browser.goto(&format!("{}#/fleet", empty.url)).await?;
+    browser.goto(&empty.page("#/fleet")).await?;
     browser.wait().for_element(Locator::Css("[data-testid=first-run-demo]")).await?.click().await?;
     eventually("the demo's 4 replicas, scraped", Duration::from_secs(60), || async {
         let values = texts(&browser, "[data-testid=replica-tile] .badge-engine").await?;
