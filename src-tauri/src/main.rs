@@ -72,25 +72,8 @@ struct Cli {
     /// File holding the admin token of the --router at the same position (mode 0600).
     #[arg(long = "router-token-file")]
     router_token_files: Vec<PathBuf>,
-    /// The fleet's routers take their policy from etcd (`fleet-router --policy-etcd`): the cluster's client
-    /// URL(s), comma-separated. Pushes then write the key in one guarded txn (with --policy-key).
-    #[arg(long, requires = "policy_key", value_name = "URL")]
-    policy_etcd: Option<String>,
-    /// The fleet's policy key in etcd, e.g. /fleetdeck/FLEET/policy (canary keys live beside it).
-    #[arg(long, requires = "policy_etcd")]
-    policy_key: Option<String>,
-    /// File holding USER:PASSWORD for etcd's auth (kept in memory only, never in the history).
-    #[arg(long, requires = "policy_etcd")]
-    etcd_user_file: Option<PathBuf>,
-    /// PEM CA certificate of etcd's https endpoint.
-    #[arg(long, requires = "policy_etcd")]
-    etcd_ca: Option<PathBuf>,
-    /// PEM client certificate for etcd (with --etcd-key).
-    #[arg(long, requires = "etcd_key")]
-    etcd_cert: Option<PathBuf>,
-    /// PKCS#8 PEM key of --etcd-cert.
-    #[arg(long, requires = "etcd_cert")]
-    etcd_key: Option<PathBuf>,
+    #[command(flatten)]
+    etcd: fleetdeck_control::fleet_etcd::cli::EtcdArgs,
     /// Find replicas (and routers) in this file, read again every scrape interval: Prometheus file_sd,
     /// {replicas: [...], routers: [{url, token_file}]} or a list of URLs, in JSON or YAML. Repeatable.
     #[arg(long = "discover-file", value_name = "FILE")]
@@ -222,15 +205,8 @@ fn main() -> Result<()> {
                 .discovery
                 .push(fleetdeck_control::DiscoverySource::Srv { name: name.clone(), server: cli.dns_server });
         }
-        if let (Some(endpoints), Some(key)) = (&cli.policy_etcd, &cli.policy_key) {
-            use fleetdeck_control::fleet_etcd::{Credentials, EtcdConfig, TlsFiles};
-            let mut etcd = EtcdConfig::new(endpoints);
-            if let Some(path) = &cli.etcd_user_file {
-                etcd.credentials = Some(Credentials::from_file(path)?);
-            }
-            etcd.tls =
-                TlsFiles { ca: cli.etcd_ca.clone(), cert: cli.etcd_cert.clone(), key: cli.etcd_key.clone() };
-            config.policy_store = Some(fleetdeck_control::PolicyStoreConfig { etcd, key: key.clone() });
+        if let Some((etcd, key)) = cli.etcd.connection()? {
+            config.policy_store = Some(fleetdeck_control::PolicyStoreConfig { etcd, key });
         }
         for (i, router) in cli.routers.iter().enumerate() {
             let (url, metrics_url) = match router.split_once(",metrics=") {

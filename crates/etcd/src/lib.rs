@@ -9,6 +9,9 @@
 //!
 //! Secrets (the password, the auth token) never reach a log line or a `Debug` output.
 
+#[cfg(feature = "cli")]
+pub mod cli;
+
 pub mod wire;
 
 use std::path::{Path, PathBuf};

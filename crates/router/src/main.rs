@@ -101,25 +101,8 @@ struct Cli {
     /// Replicas tried per request on connect failures or 5xx before the first byte.
     #[arg(long, default_value_t = 3)]
     max_attempts: usize,
-    /// Take the policy from etcd: client URL(s) of the cluster, comma-separated (with --policy-key). The key is
-    /// watched and every value validated like an admin PUT; the admin API then refuses policy changes.
-    #[arg(long, requires = "policy_key", value_name = "URL")]
-    policy_etcd: Option<String>,
-    /// The etcd key holding the policy spec (YAML or JSON), e.g. /fleetdeck/FLEET/policy.
-    #[arg(long, requires = "policy_etcd")]
-    policy_key: Option<String>,
-    /// File holding USER:PASSWORD for etcd's auth (never logged).
-    #[arg(long, requires = "policy_etcd")]
-    etcd_user_file: Option<PathBuf>,
-    /// PEM CA certificate of etcd's https endpoint (needs the `tls` build feature).
-    #[arg(long, requires = "policy_etcd")]
-    etcd_ca: Option<PathBuf>,
-    /// PEM client certificate for etcd (with --etcd-key; needs the `tls` build feature).
-    #[arg(long, requires = "etcd_key")]
-    etcd_cert: Option<PathBuf>,
-    /// PKCS#8 PEM key of --etcd-cert.
-    #[arg(long, requires = "etcd_cert")]
-    etcd_key: Option<PathBuf>,
+    #[command(flatten)]
+    etcd: fleet_etcd::cli::EtcdArgs,
     /// Besides watching, read the etcd key every this many seconds (notices a silent partition).
     #[arg(long, default_value_t = 10)]
     policy_etcd_check_s: u64,
@@ -175,22 +158,11 @@ async fn run(cli: Cli) -> Result<()> {
         None => PolicySpec::default(),
     };
     let admin_token = read_token(&cli)?;
-    let policy_etcd = match (&cli.policy_etcd, &cli.policy_key) {
-        (Some(endpoints), Some(key)) => {
-            let mut source = fleet_router::EtcdPolicySource::new(endpoints, key);
-            source.check_every = Duration::from_secs(cli.policy_etcd_check_s);
-            if let Some(path) = &cli.etcd_user_file {
-                source.etcd.credentials = Some(fleet_etcd::Credentials::from_file(path)?);
-            }
-            source.etcd.tls = fleet_etcd::TlsFiles {
-                ca: cli.etcd_ca.clone(),
-                cert: cli.etcd_cert.clone(),
-                key: cli.etcd_key.clone(),
-            };
-            Some(source)
-        }
-        _ => None,
-    };
+    let policy_etcd = cli.etcd.connection()?.map(|(etcd, key)| fleet_router::EtcdPolicySource {
+        etcd,
+        key,
+        check_every: Duration::from_secs(cli.policy_etcd_check_s),
+    });
     let config = RouterConfig {
         replicas: cli.replicas.clone(),
         policy,
