@@ -303,15 +303,21 @@ impl EtcdClient {
         Ok(Some(token))
     }
 
-    /// One POST to the current endpoint, bounded in time and size.
-    async fn send(&self, path: &str, body: &Value, token: Option<&Token>) -> Result<Vec<u8>, EtcdError> {
+    /// One POST to the current endpoint (the next one is tried on the following call when this one cannot
+    /// be reached). An answer other than 2xx is read, bounded, into [`EtcdError::Server`]; a 2xx answer is
+    /// handed back unread with the endpoint that gave it. `timeout` bounds the whole call; a watch has none.
+    async fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        token: Option<&Token>,
+        timeout: Option<Duration>,
+    ) -> Result<(String, reqwest::Response), EtcdError> {
         let endpoint = self.endpoint().to_owned();
-        let mut request = self
-            .inner
-            .http
-            .post(format!("{endpoint}{path}"))
-            .json(body)
-            .timeout(self.inner.config.request_timeout);
+        let mut request = self.inner.http.post(format!("{endpoint}{path}")).json(body);
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
+        }
         if let Some(token) = token {
             request = request.header(reqwest::header::AUTHORIZATION, &token.0);
         }
@@ -323,15 +329,22 @@ impl EtcdClient {
             }
         };
         let status = response.status().as_u16();
-        let body = read_limited(response, MAX_ANSWER_BYTES, &endpoint).await?;
         if (200..300).contains(&status) {
-            return Ok(body);
+            return Ok((endpoint, response));
         }
+        let body = read_limited(response, MAX_ANSWER_BYTES, &endpoint).await?;
         let error = wire::parse_error(&body).unwrap_or(wire::ServerError {
             code: 2,
             message: String::from_utf8_lossy(&body).chars().take(200).collect(),
         });
         Err(EtcdError::Server { endpoint, status, code: error.code, message: error.message })
+    }
+
+    /// One unary call to the current endpoint, bounded in time and size.
+    async fn send(&self, path: &str, body: &Value, token: Option<&Token>) -> Result<Vec<u8>, EtcdError> {
+        let timeout = Some(self.inner.config.request_timeout);
+        let (endpoint, response) = self.post(path, body, token, timeout).await?;
+        read_limited(response, MAX_ANSWER_BYTES, &endpoint).await
     }
 
     /// One call with auth: a refused token is dropped and the call made once more with a new one.
@@ -388,31 +401,15 @@ impl EtcdClient {
         let mut retried = false;
         loop {
             let token = self.token().await?;
-            let endpoint = self.endpoint().to_owned();
-            let mut request = self.inner.http.post(format!("{endpoint}/v3/watch")).json(&body);
-            if let Some(token) = &token {
-                request = request.header(reqwest::header::AUTHORIZATION, &token.0);
-            }
-            let response = match request.send().await {
-                Ok(response) => response,
-                Err(error) => {
-                    self.next_endpoint();
-                    return Err(EtcdError::Unreachable { endpoint, detail: chain(&error) });
-                }
-            };
-            let status = response.status().as_u16();
-            if !(200..300).contains(&status) {
-                let body = read_limited(response, MAX_ANSWER_BYTES, &endpoint).await?;
-                let error = wire::parse_error(&body)
-                    .unwrap_or(wire::ServerError { code: 2, message: String::from_utf8_lossy(&body).into() });
-                let error = EtcdError::Server { endpoint, status, code: error.code, message: error.message };
-                if token.is_some() && error.is_auth() && !retried {
+            let (endpoint, response) = match self.post("/v3/watch", &body, token.as_ref(), None).await {
+                Ok(answer) => answer,
+                Err(error) if token.is_some() && error.is_auth() && !retried => {
                     retried = true;
                     self.set_token(None);
                     continue;
                 }
-                return Err(error);
-            }
+                Err(error) => return Err(error),
+            };
             return Ok(Watch {
                 endpoint,
                 body: Box::pin(response.bytes_stream()),
