@@ -89,6 +89,10 @@ pub struct PolicyEditor {
     pub routers: Vec<RouterPolicy>,
     /// The spec the fleet is meant to run (the last one pushed from this app), as JSON.
     pub intended_json: Option<String>,
+    /// The etcd key the fleet's routers watch, when its policy lives in etcd: pushes then go there
+    /// ([`CMD_PUSH_STORE_POLICY`]), and such routers refuse HTTP pushes.
+    #[serde(default)]
+    pub store_key: Option<String>,
 }
 
 /// Arguments of [`CMD_CHECK_SPEC`].

@@ -346,6 +346,38 @@ pub struct SettingsView {
     pub scrape_interval_s: f64,
     /// Where router tokens are kept (a folder of 0600 files).
     pub token_dir: String,
+    /// The discovery sources (`--discover-file`, `--discover-srv`) and where each stands.
+    #[serde(default)]
+    pub discovery: Vec<DiscoveryView>,
+    /// Where the fleet's policy lives when its routers take it from etcd (`--policy-etcd`).
+    #[serde(default)]
+    pub policy_store: Option<PolicyStoreSetting>,
+}
+
+/// One discovery source as the settings view shows it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct DiscoveryView {
+    /// `file PATH` or `DNS SRV NAME`.
+    pub source: String,
+    /// Replica URLs it listed the last time it could be read.
+    pub replicas: Vec<String>,
+    /// Router URLs it listed the last time it could be read.
+    pub routers: Vec<String>,
+    /// Why the last read failed (what it found before is kept and still watched).
+    pub error: Option<String>,
+    /// Reads finished since the app started, one per scrape interval.
+    pub reads: u64,
+    /// When the last read finished (unix ms).
+    pub last_read_ms: Option<u64>,
+}
+
+/// The etcd key a fleet's routers watch.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PolicyStoreSetting {
+    /// etcd's client URLs.
+    pub endpoints: Vec<String>,
+    /// The fleet's main policy key; canary groups use keys beside it.
+    pub key: String,
 }
 
 /// One router as configured.

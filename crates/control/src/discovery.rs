@@ -209,6 +209,11 @@ pub struct SourceStatus {
     pub found: Found,
     /// Why the last read failed, if it did (what it found before is kept).
     pub error: Option<String>,
+    /// Reads finished (and applied), one per scrape interval: a change made to the source is applied by
+    /// the first read that starts after it, so it shows by the time this has grown by two.
+    pub reads: u64,
+    /// When the last read finished (unix ms).
+    pub last_read_ms: Option<u64>,
 }
 
 /// Every discovery source's state.
@@ -225,6 +230,21 @@ impl Control {
     /// Where each discovery source stands.
     pub fn discovery_status(&self) -> Vec<SourceStatus> {
         lock(&self.inner.discovery.sources).clone()
+    }
+
+    /// The discovery sources as the settings view shows them.
+    pub(crate) fn discovery_views(&self) -> Vec<fleetdeck_api::DiscoveryView> {
+        self.discovery_status()
+            .into_iter()
+            .map(|status| fleetdeck_api::DiscoveryView {
+                source: status.source,
+                replicas: status.found.replicas.into_iter().collect(),
+                routers: status.found.routers.into_iter().map(|r| r.url).collect(),
+                error: status.error,
+                reads: status.reads,
+                last_read_ms: status.last_read_ms,
+            })
+            .collect()
     }
 
     /// Reads `source` once per scrape interval until the app stops, applying what changed.
@@ -253,6 +273,13 @@ impl Control {
     }
 
     async fn apply_discovery(&self, index: usize, result: Result<Found, String>) {
+        self.apply_found(index, result).await;
+        let mut sources = lock(&self.inner.discovery.sources);
+        sources[index].reads += 1;
+        sources[index].last_read_ms = u64::try_from(crate::fleet::unix_ms_now()).ok();
+    }
+
+    async fn apply_found(&self, index: usize, result: Result<Found, String>) {
         let found = match result {
             Ok(found) => found,
             Err(error) => {

@@ -51,6 +51,11 @@ impl PolicyStore {
         Ok(Self { client: EtcdClient::new(config.etcd.clone())?, key: config.key.clone() })
     }
 
+    /// The fleet's main key.
+    pub(crate) fn main_key(&self) -> &str {
+        &self.key
+    }
+
     /// The folder of the main key: group keys live in it.
     fn folder(&self) -> &str {
         self.key.rsplit_once('/').map_or("", |(folder, _)| folder)
@@ -183,6 +188,15 @@ impl Control {
                 "no_policy_store",
                 "this fleet's policy is not in etcd; start fleetdeck with --policy-etcd URL --policy-key KEY (or push to the routers over HTTP)",
             )
+        })
+    }
+
+    /// Where the policy lives, for the settings view (endpoints and key; never the credentials).
+    pub(crate) fn policy_store_setting(&self) -> Option<fleetdeck_api::PolicyStoreSetting> {
+        let store = self.inner.policy_store.as_ref()?;
+        Some(fleetdeck_api::PolicyStoreSetting {
+            endpoints: store.client.config().endpoints.clone(),
+            key: store.key.clone(),
         })
     }
 

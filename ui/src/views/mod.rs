@@ -9,4 +9,5 @@ pub mod policy;
 pub mod push;
 pub mod replica;
 pub mod settings;
+pub mod store;
 pub mod whatif;

@@ -164,6 +164,7 @@ pub fn SettingsView() -> impl IntoView {
                 empty="No Prometheus server: add one to watch replicas it already scrapes."
                 items=|s: &Settings| s.prometheus.iter().map(|r| (r.clone(), None)).collect() />
 
+            <DiscoveryList settings=settings.data />
             <div class="card">
                 <div class="card-head"><h2>"Scrape interval"</h2></div>
                 // novalidate: the backend's message names the allowed range; the browser's
@@ -234,5 +235,49 @@ fn EndpointList(
                 })}
             </ul>
         </div>
+    }
+}
+
+/// The discovery sources and the etcd policy key, when the app was started with them: what each source
+/// found last, how often it has been read, and why its last read failed (what it found before stays).
+#[component]
+fn DiscoveryList(settings: RwSignal<Option<Settings>>) -> impl IntoView {
+    view! {
+        <Show when=move || settings.with(|s| s.as_ref().is_some_and(|s| !s.discovery.is_empty() || s.policy_store.is_some()))>
+            <div class="card" data-testid="settings-discovery">
+                <div class="card-head">
+                    <h2>"Discovery and policy store"</h2>
+                    <span class="card-meta">"read again every scrape interval"</span>
+                </div>
+                <ul class="endpoint-list">
+                    {move || settings.with(|s| {
+                        let Some(s) = s else { return Vec::new() };
+                        s.discovery.iter().map(|d| {
+                            let found = format!(
+                                "{} replicas, {} routers · read {} times{}",
+                                d.replicas.len(),
+                                d.routers.len(),
+                                d.reads,
+                                d.last_read_ms.map(|ms| format!(", last at {}", crate::app::local_clock(ms as i64))).unwrap_or_default()
+                            );
+                            view! {
+                                <li data-testid="discovery-source" class:probe-error=d.error.is_some()>
+                                    <span class="mono">{d.source.clone()}</span>
+                                    <span class="badge badge-engine" data-testid="discovery-found">{found}</span>
+                                    {d.error.clone().map(|e| view! {
+                                        <span class="error-message" data-testid="discovery-error">{format!("{e} (keeping what it found before)")}</span>
+                                    })}
+                                </li>
+                            }.into_any()
+                        }).chain(s.policy_store.iter().map(|p| view! {
+                            <li data-testid="settings-policy-store">
+                                <span class="mono">{format!("etcd {} key {}", p.endpoints.join(","), p.key)}</span>
+                                <span class="badge badge-engine">"policy store"</span>
+                            </li>
+                        }.into_any())).collect::<Vec<_>>()
+                    })}
+                </ul>
+            </div>
+        </Show>
     }
 }

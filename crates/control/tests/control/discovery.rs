@@ -108,3 +108,45 @@ async fn dns_srv_records_add_and_remove_replicas() -> Result<()> {
     assert!(control.discovery_status()[0].error.is_none());
     Ok(())
 }
+
+/// "Within one scrape interval", stated in the source's own reads rather than in wall-clock time (which a
+/// loaded CI machine stretches): the source is read once per interval and a read applies what it found
+/// before it counts as done, so once two reads have finished after the file changed (the second one
+/// started after the change), the new replica must be in the fleet view. Its first scrape is not waited
+/// for by a later read: it is due at once and done within the next interval.
+#[tokio::test]
+async fn a_new_replica_shows_within_one_read_of_the_file() -> Result<()> {
+    let sim = spawn_sim(2, Default::default()).await?;
+    let (a, b) = (sim.urls()[0].as_str(), sim.urls()[1].as_str());
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("fleet.json");
+    std::fs::write(&file, format!("[\"{a}\"]"))?;
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = start(dir.path(), DiscoverySource::File(file.clone()), &stop).await?;
+    control.set_scrape_interval(fleetdeck_api::ScrapeIntervalArgs { seconds: 0.5 }).await?;
+    fleet_becomes(&control, &[a]).await?;
+
+    let reads_before = control.discovery_status()[0].reads;
+    std::fs::write(&file, format!("[\"{a}\", \"{b}\"]"))?;
+    let scraped_after =
+        eventually("the new replica to be listed and scraped", Duration::from_secs(20), || async {
+            // Reads first, then the view: a read counted here has been applied to the view read next.
+            let reads = control.discovery_status()[0].reads - reads_before;
+            let args = FleetSnapshotArgs { window_s: 60, synthetic: 0, skip_series: true };
+            let snapshot = control.fleet_snapshot(args).await?;
+            let row = snapshot.replicas.iter().find(|r| r.url == b);
+            anyhow::ensure!(
+                row.is_some() || reads < 2,
+                "{reads} reads of the file finished after it changed, and {b} is still not in the fleet view"
+            );
+            Ok(row.filter(|r| matches!(r.scrape, ScrapeState::Ok { .. })).map(|_| reads))
+        })
+        .await?;
+    // Generous: the scrape is due at once, and a loaded machine delays reads and scrapes alike.
+    assert!(
+        scraped_after <= 4,
+        "first scraped only after {scraped_after} reads of the file, one per interval"
+    );
+    Ok(())
+}
