@@ -143,7 +143,7 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
     if args.fleet.json {
         print_json(&report)
     } else {
-        print!("{}", replay::format_report(&report));
+        write!(std::io::stdout().lock(), "{}", replay::format_report(&report))?;
         Ok(())
     }
 }
@@ -168,7 +168,7 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
             rows.into_iter().map(|(n, r)| Ok((n, serde_json::to_value(r)?))).collect::<Result<_>>()?;
         print_json(&map)
     } else {
-        print!("{}", replay::format_comparison(&rows));
+        write!(std::io::stdout().lock(), "{}", replay::format_comparison(&rows))?;
         Ok(())
     }
 }

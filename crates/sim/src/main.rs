@@ -110,12 +110,30 @@ async fn main() -> Result<()> {
                 stats.dropped.load(Ordering::Relaxed)
             );
         }
-        Command::Replay(args) => cli_replay::run_replay(args)?,
-        Command::Compare(args) => cli_replay::run_compare(args)?,
+        Command::Replay(args) => quiet_on_closed_pipe(cli_replay::run_replay(args))?,
+        Command::Compare(args) => quiet_on_closed_pipe(cli_replay::run_compare(args))?,
         Command::Gen(args) => cli_replay::run_gen(args)?,
         Command::Bench(args) => cli_bench::run(args, cancel).await?,
     }
     Ok(())
+}
+
+/// A reader that stops early (`fleet-sim replay --json | head`) closes the pipe: that is its choice, not
+/// an error of ours, so the report ends there quietly, as `cat` would.
+fn quiet_on_closed_pipe(result: Result<()>) -> Result<()> {
+    match result {
+        Err(error)
+            if error.chain().any(|cause| {
+                let kind = cause.downcast_ref::<std::io::Error>().map(std::io::Error::kind).or_else(|| {
+                    cause.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind)
+                });
+                kind == Some(std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]
