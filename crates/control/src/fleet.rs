@@ -403,11 +403,8 @@ impl Control {
     /// How storing the scrapes goes (the fleet view's banner).
     pub fn history_status(&self) -> fleetdeck_api::HistoryWriteStatus {
         let mut status = self.inner.history.health();
-        status.scrape_observations_dropped = lock(&self.inner.targets)
-            .groups
-            .iter()
-            .map(|g| g.scheduler.dropped_observations())
-            .sum();
+        status.scrape_observations_dropped =
+            lock(&self.inner.targets).groups.iter().map(|g| g.scheduler.dropped_observations()).sum();
         status
     }
 

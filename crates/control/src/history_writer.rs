@@ -161,7 +161,12 @@ impl HistoryQueue {
         let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
         };
-        metric("fleetdeck_history_rounds_written_total", "counter", "Scrape rounds stored.", h.written_rounds);
+        metric(
+            "fleetdeck_history_rounds_written_total",
+            "counter",
+            "Scrape rounds stored.",
+            h.written_rounds,
+        );
         metric(
             "fleetdeck_history_rounds_shed_total",
             "counter",
@@ -180,7 +185,12 @@ impl HistoryQueue {
             "Scrape rounds given up after every retry failed.",
             h.dropped_rounds,
         );
-        metric("fleetdeck_history_queue_rounds", "gauge", "Scrape rounds waiting to be stored.", h.pending_rounds);
+        metric(
+            "fleetdeck_history_queue_rounds",
+            "gauge",
+            "Scrape rounds waiting to be stored.",
+            h.pending_rounds,
+        );
         metric("fleetdeck_history_failing", "gauge", "1 while the last write failed.", u64::from(h.failing));
     }
 }

@@ -263,12 +263,8 @@ impl RouterTraffic {
 pub fn side_window<'a>(observed: impl IntoIterator<Item = &'a Observed>, since_ms: u64) -> SideWindow {
     let recent: Vec<&Observed> = observed.into_iter().filter(|r| r.arrival_ms >= since_ms).collect();
     let errors = recent.iter().filter(|r| r.failed).count() as u64;
-    let mut ttfts: Vec<f64> = recent
-        .iter()
-        .filter(|r| r.succeeded)
-        .filter_map(|r| r.ttft_ms)
-        .filter(|t| t.is_finite())
-        .collect();
+    let mut ttfts: Vec<f64> =
+        recent.iter().filter(|r| r.succeeded).filter_map(|r| r.ttft_ms).filter(|t| t.is_finite()).collect();
     ttfts.sort_by(f64::total_cmp);
     let ttft_p95_s = (!ttfts.is_empty()).then(|| {
         let rank = ((ttfts.len() as f64) * 0.95).ceil() as usize;
@@ -292,7 +288,13 @@ fn figures(side: &SideWindow) -> SideFigures {
 }
 
 /// A router whose conditioned change came back 409 `version_conflict`, as the canary reports it.
-fn moved(url: &str, step: &str, expected: Option<u64>, current: Option<u64>, outcome: &PushOutcome) -> MovedRouter {
+fn moved(
+    url: &str,
+    step: &str,
+    expected: Option<u64>,
+    current: Option<u64>,
+    outcome: &PushOutcome,
+) -> MovedRouter {
     MovedRouter {
         url: url.to_owned(),
         step: step.to_owned(),
@@ -768,7 +770,8 @@ impl Control {
                     }
                 }
                 Action::Rollback { routers } => {
-                    let (outcomes, moved) = self.roll_back(&routers, &label, &author, &applied_versions).await;
+                    let (outcomes, moved) =
+                        self.roll_back(&routers, &label, &author, &applied_versions).await;
                     self.report_moved(moved);
                     action = canary.on_rollback_outcomes(&outcomes, now());
                 }

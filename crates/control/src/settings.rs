@@ -59,9 +59,11 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "settings".into());
+    let name =
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "settings".into());
     // Unique per process and call, so two saves at once never share a temporary file.
-    let temp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    let temp =
+        dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
     let written = (|| -> std::io::Result<()> {
         let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temp)?;
         file.write_all(bytes)?;
@@ -77,9 +79,9 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     // The rename is an entry of the folder: flush the folder too (Unix; elsewhere opening a folder fails).
     #[cfg(unix)]
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("cannot flush the folder {} after replacing {}", dir.display(), path.display()))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| {
+        format!("cannot flush the folder {} after replacing {}", dir.display(), path.display())
+    })?;
     Ok(())
 }
 

@@ -562,8 +562,11 @@ pub fn judge(guards: &Guards, canary: &SideWindow, baseline: &SideWindow) -> Jud
             }
         }
         (c, b) => {
-            let sides: Vec<&str> =
-                [("canary", c), ("baseline", b)].into_iter().filter(|(_, v)| v.is_none()).map(|(n, _)| n).collect();
+            let sides: Vec<&str> = [("canary", c), ("baseline", b)]
+                .into_iter()
+                .filter(|(_, v)| v.is_none())
+                .map(|(n, _)| n)
+                .collect();
             let what = format!("no successful answer with a first token on the {}", sides.join(" and "));
             missing.push(what.clone());
             readings.push(reading("ttft_p95", ms(c), ms(b), "not_enough_data", what));
@@ -587,8 +590,11 @@ pub fn judge(guards: &Guards, canary: &SideWindow, baseline: &SideWindow) -> Jud
             }
         }
         (c, b) => {
-            let sides: Vec<&str> =
-                [("canary", c), ("baseline", b)].into_iter().filter(|(_, v)| v.is_none()).map(|(n, _)| n).collect();
+            let sides: Vec<&str> = [("canary", c), ("baseline", b)]
+                .into_iter()
+                .filter(|(_, v)| v.is_none())
+                .map(|(n, _)| n)
+                .collect();
             let what = format!(
                 "no cached-token reports from the {} replicas, so the hit rate cannot be judged",
                 sides.join(" and ")
@@ -612,7 +618,13 @@ pub fn judge(guards: &Guards, canary: &SideWindow, baseline: &SideWindow) -> Jud
     Judgement { verdict, readings }
 }
 
-fn reading(guard: &str, canary: Option<f64>, baseline: Option<f64>, state: &str, detail: String) -> GuardReading {
+fn reading(
+    guard: &str,
+    canary: Option<f64>,
+    baseline: Option<f64>,
+    state: &str,
+    detail: String,
+) -> GuardReading {
     GuardReading { guard: guard.to_owned(), canary, baseline, state: state.to_owned(), detail }
 }
 
@@ -739,19 +751,110 @@ mod tests {
         let lax_hit = Guards { require_hit_rate: false, ..Guards::default() };
         // (case, guards, canary, baseline, verdict, words the verdict or its missing list holds)
         let cases: Vec<(&str, &Guards, SideWindow, SideWindow, &str, &str)> = vec![
-            ("equal sides hold", &strict_hit, w(100, 0, Some(200.0), Some(0.5)), w(100, 0, Some(200.0), Some(0.5)), "holding", ""),
-            ("too few canary requests", &strict_hit, w(49, 49, None, None), w(100, 0, Some(200.0), Some(0.5)), "not_enough_data", "too few requests (canary 49"),
-            ("errors: 10% against none", &strict_hit, w(100, 10, Some(200.0), Some(0.5)), w(100, 0, Some(200.0), Some(0.5)), "crossed", "error rate 10.0% (10 of 100)"),
-            ("errors: 1% against none is noise", &strict_hit, w(100, 1, Some(200.0), Some(0.5)), w(100, 0, Some(200.0), Some(0.5)), "holding", ""),
-            ("errors: 5% against 4% is within the ratio", &strict_hit, w(100, 5, Some(200.0), Some(0.5)), w(100, 4, Some(200.0), Some(0.5)), "holding", ""),
-            ("errors: every request failed, so no TTFT, still crossed", &strict_hit, w(100, 100, None, None), w(100, 0, Some(200.0), Some(0.5)), "crossed", "error rate 100.0%"),
-            ("TTFT 2.5x and +300 ms", &strict_hit, w(100, 0, Some(500.0), Some(0.5)), w(100, 0, Some(200.0), Some(0.5)), "crossed", "TTFT p95 500 ms is 2.50x"),
-            ("TTFT 1.7x but +7 ms is noise", &strict_hit, w(100, 0, Some(17.0), Some(0.5)), w(100, 0, Some(10.0), Some(0.5)), "holding", ""),
-            ("no successful answer on the canary", &strict_hit, w(100, 1, None, Some(0.5)), w(100, 0, Some(200.0), Some(0.5)), "not_enough_data", "no successful answer with a first token on the canary"),
-            ("hit rate 20 points lower", &strict_hit, w(100, 0, Some(200.0), Some(0.3)), w(100, 0, Some(200.0), Some(0.5)), "crossed", "20.0 points below"),
-            ("hit rate unknown on both sides", &strict_hit, w(100, 0, Some(200.0), None), w(100, 0, Some(200.0), None), "not_enough_data", "no cached-token reports from the canary and baseline replicas"),
-            ("hit rate unknown but not required", &lax_hit, w(100, 0, Some(200.0), None), w(100, 0, Some(200.0), None), "holding", ""),
-            ("a crossed guard wins over missing data", &strict_hit, w(100, 0, Some(900.0), None), w(100, 0, Some(200.0), None), "crossed", "TTFT"),
+            (
+                "equal sides hold",
+                &strict_hit,
+                w(100, 0, Some(200.0), Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "holding",
+                "",
+            ),
+            (
+                "too few canary requests",
+                &strict_hit,
+                w(49, 49, None, None),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "not_enough_data",
+                "too few requests (canary 49",
+            ),
+            (
+                "errors: 10% against none",
+                &strict_hit,
+                w(100, 10, Some(200.0), Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "crossed",
+                "error rate 10.0% (10 of 100)",
+            ),
+            (
+                "errors: 1% against none is noise",
+                &strict_hit,
+                w(100, 1, Some(200.0), Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "holding",
+                "",
+            ),
+            (
+                "errors: 5% against 4% is within the ratio",
+                &strict_hit,
+                w(100, 5, Some(200.0), Some(0.5)),
+                w(100, 4, Some(200.0), Some(0.5)),
+                "holding",
+                "",
+            ),
+            (
+                "errors: every request failed, so no TTFT, still crossed",
+                &strict_hit,
+                w(100, 100, None, None),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "crossed",
+                "error rate 100.0%",
+            ),
+            (
+                "TTFT 2.5x and +300 ms",
+                &strict_hit,
+                w(100, 0, Some(500.0), Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "crossed",
+                "TTFT p95 500 ms is 2.50x",
+            ),
+            (
+                "TTFT 1.7x but +7 ms is noise",
+                &strict_hit,
+                w(100, 0, Some(17.0), Some(0.5)),
+                w(100, 0, Some(10.0), Some(0.5)),
+                "holding",
+                "",
+            ),
+            (
+                "no successful answer on the canary",
+                &strict_hit,
+                w(100, 1, None, Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "not_enough_data",
+                "no successful answer with a first token on the canary",
+            ),
+            (
+                "hit rate 20 points lower",
+                &strict_hit,
+                w(100, 0, Some(200.0), Some(0.3)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "crossed",
+                "20.0 points below",
+            ),
+            (
+                "hit rate unknown on both sides",
+                &strict_hit,
+                w(100, 0, Some(200.0), None),
+                w(100, 0, Some(200.0), None),
+                "not_enough_data",
+                "no cached-token reports from the canary and baseline replicas",
+            ),
+            (
+                "hit rate unknown but not required",
+                &lax_hit,
+                w(100, 0, Some(200.0), None),
+                w(100, 0, Some(200.0), None),
+                "holding",
+                "",
+            ),
+            (
+                "a crossed guard wins over missing data",
+                &strict_hit,
+                w(100, 0, Some(900.0), None),
+                w(100, 0, Some(200.0), None),
+                "crossed",
+                "TTFT",
+            ),
         ];
         for (case, guards, canary, baseline, verdict, words) in cases {
             let judgement = judge(guards, &canary, &baseline);

@@ -16,7 +16,8 @@ pub mod push;
 pub mod store;
 
 pub use canary::{
-    Action, Canary, CanaryError, CanaryPlan, GuardReading, Guards, Judgement, Phase, SideWindow, Step, Verdict, judge,
+    Action, Canary, CanaryError, CanaryPlan, GuardReading, Guards, Judgement, Phase, SideWindow, Step,
+    Verdict, judge,
 };
 pub use diff::{ParamChange, SpecDiff, effective_params, spec_diff};
 pub use push::{Drift, PushOutcome, drift};

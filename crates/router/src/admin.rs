@@ -210,7 +210,9 @@ async fn rollback_policy(State(state): State<Arc<RouterState>>, headers: HeaderM
                 return error(
                     StatusCode::BAD_REQUEST,
                     "bad_if_match",
-                    &format!("If-Match {text:?} is not a policy version; send the version to undo, e.g. \"3\""),
+                    &format!(
+                        "If-Match {text:?} is not a policy version; send the version to undo, e.g. \"3\""
+                    ),
                     json!({}),
                 );
             }

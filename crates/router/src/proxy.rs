@@ -713,7 +713,11 @@ mod tests {
     fn the_first_token_is_a_chunk_with_content_and_error_events_are_noticed() {
         let cases: [(&[u8], bool, bool); 8] = [
             // (chunk, carries a token, is an error event)
-            (br#"data: {"choices":[{"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#, false, false),
+            (
+                br#"data: {"choices":[{"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+                false,
+                false,
+            ),
             (br#"data: {"choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}"#, false, false),
             (br#"data: {"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}"#, true, false),
             (br#"data: {"choices":[{"text":" the","finish_reason":null}]}"#, true, false),

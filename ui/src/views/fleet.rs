@@ -201,7 +201,11 @@ pub fn FleetView(last_update: RwSignal<Option<i64>>) -> impl IntoView {
 /// The warning the fleet view shows while storing the scrapes goes wrong (or went wrong and lost rounds):
 /// the count, what was lost and the last error. `None` when every round was stored.
 pub fn history_banner(h: &fleetdeck_api::HistoryWriteStatus) -> Option<String> {
-    if h.failed_writes == 0 && h.shed_rounds == 0 && h.dropped_rounds == 0 && h.scrape_observations_dropped == 0 {
+    if h.failed_writes == 0
+        && h.shed_rounds == 0
+        && h.dropped_rounds == 0
+        && h.scrape_observations_dropped == 0
+    {
         return None;
     }
     let mut text = if h.failing {
@@ -631,7 +635,12 @@ mod tests {
         h.failing = true;
         h.last_error = Some("database is locked".into());
         let text = history_banner(&h).unwrap();
-        for words in ["failing (3 failed attempts", "7 oldest unwritten rounds shed", "database is locked", "/d/history.sqlite"] {
+        for words in [
+            "failing (3 failed attempts",
+            "7 oldest unwritten rounds shed",
+            "database is locked",
+            "/d/history.sqlite",
+        ] {
             assert!(text.contains(words), "{text} lacks {words}");
         }
         h.failing = false;

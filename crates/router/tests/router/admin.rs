@@ -147,10 +147,14 @@ async fn policy_changes_are_compare_and_swap_validated_and_roll_back() -> Result
     let response = http.post(&rollback).bearer_auth(TOKEN).header("if-match", "\"1\"").send().await?;
     assert_eq!(response.status(), 409);
     let body: Value = response.json().await?;
-    assert_eq!((body["code"].as_str(), body["current_version"].as_u64()), (Some("version_conflict"), Some(2)));
+    assert_eq!(
+        (body["code"].as_str(), body["current_version"].as_u64()),
+        (Some("version_conflict"), Some(2))
+    );
     let response = http.post(&rollback).bearer_auth(TOKEN).header("if-match", "two").send().await?;
     assert_eq!(response.status(), 400);
-    let body: Value = http.post(&rollback).bearer_auth(TOKEN).header("if-match", "\"2\"").send().await?.json().await?;
+    let body: Value =
+        http.post(&rollback).bearer_auth(TOKEN).header("if-match", "\"2\"").send().await?.json().await?;
     assert_eq!((body["version"].as_u64(), body["spec"]["policy"].as_str()), (Some(3), Some("round_robin")));
     let response = http.post(&rollback).bearer_auth(TOKEN).send().await?;
     assert_eq!(response.status(), 409);
