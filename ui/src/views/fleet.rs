@@ -121,7 +121,7 @@ pub fn FleetView(last_update: RwSignal<Option<i64>>) -> impl IntoView {
     view! {
         <section class="view fleet">
             <ErrorBanner error=error what="the fleet" />
-            {move || snapshot.with(|s| s.as_ref().and_then(|s| history_banner(&s.history))).map(|text| view! {
+            {move || snapshot.with(|s| s.as_ref().and_then(|s| crate::format::history_banner(&s.history))).map(|text| view! {
                 <p class="banner banner-warn" data-testid="history-banner">{text}</p>
             })}
             <div class="card">
@@ -196,37 +196,6 @@ pub fn FleetView(last_update: RwSignal<Option<i64>>) -> impl IntoView {
             </Show>
         </section>
     }
-}
-
-/// The warning the fleet view shows while storing the scrapes goes wrong (or went wrong and lost rounds):
-/// the count, what was lost and the last error. `None` when every round was stored.
-pub fn history_banner(h: &fleetdeck_api::HistoryWriteStatus) -> Option<String> {
-    if h.failed_writes == 0
-        && h.shed_rounds == 0
-        && h.dropped_rounds == 0
-        && h.scrape_observations_dropped == 0
-    {
-        return None;
-    }
-    let mut text = if h.failing {
-        format!("History writes are failing ({} failed attempts, retrying)", h.failed_writes)
-    } else {
-        format!("History writes failed {} times (writing again now)", h.failed_writes)
-    };
-    if h.shed_rounds > 0 {
-        text.push_str(&format!(" · {} oldest unwritten rounds shed (queue full)", h.shed_rounds));
-    }
-    if h.dropped_rounds > 0 {
-        text.push_str(&format!(" · {} rounds dropped after every retry failed", h.dropped_rounds));
-    }
-    if h.scrape_observations_dropped > 0 {
-        text.push_str(&format!(" · {} scrape results not stored", h.scrape_observations_dropped));
-    }
-    if let Some(error) = &h.last_error {
-        text.push_str(&format!(" · last error: {error}"));
-    }
-    text.push_str(&format!(" · database {}", h.db_path));
-    Some(text)
 }
 
 fn summary(snapshot: RwSignal<Option<FleetSnapshot>>, visible: Memo<Vec<u32>>) -> String {
@@ -615,35 +584,5 @@ fn scrape_view(state: &ScrapeState) -> AnyView {
             }
             .into_any()
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_history_banner_shows_only_when_something_was_not_stored() {
-        let mut h = fleetdeck_api::HistoryWriteStatus {
-            db_path: "/d/history.sqlite".into(),
-            written_rounds: 40,
-            ..Default::default()
-        };
-        assert_eq!(history_banner(&h), None);
-        h.failed_writes = 3;
-        h.shed_rounds = 7;
-        h.failing = true;
-        h.last_error = Some("database is locked".into());
-        let text = history_banner(&h).unwrap();
-        for words in [
-            "failing (3 failed attempts",
-            "7 oldest unwritten rounds shed",
-            "database is locked",
-            "/d/history.sqlite",
-        ] {
-            assert!(text.contains(words), "{text} lacks {words}");
-        }
-        h.failing = false;
-        assert!(history_banner(&h).unwrap().contains("failed 3 times"));
     }
 }

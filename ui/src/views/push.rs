@@ -5,12 +5,12 @@
 //! the rest, promote or roll back by itself. Its verdict ("holding", "not enough data", "crossed"),
 //! each guard's reading and every router that moved on from the reviewed version are shown.
 
+use fleetdeck_api::MovedRouter;
 use fleetdeck_api::{
     AbortCanaryArgs, ApiError, CMD_ABORT_CANARY, CMD_CANARY_STATUS, CMD_POLICY_EDITOR, CMD_PUSH_POLICY,
     CMD_START_CANARY, CanaryArgs, CanaryGuards, CanaryStatus, CanaryView, PolicyEditor, PushArgs, PushReport,
     PushResult, PushTarget, SideFigures, SpecCheck,
 };
-use fleetdeck_api::{GuardReadingView, MovedRouter};
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 use serde_json::json;
@@ -190,31 +190,6 @@ fn side(f: &SideFigures) -> String {
     )
 }
 
-/// A guard's reading as one line: its figures in its own unit.
-pub fn guard_line(r: &GuardReadingView) -> String {
-    let show = |v: Option<f64>| match r.guard.as_str() {
-        "ttft_p95" => format::duration_s(v.map(|ms| ms / 1000.0)),
-        _ => format::percent(v),
-    };
-    let name = match r.guard.as_str() {
-        "ttft_p95" => "TTFT p95",
-        "error_rate" => "error rate",
-        "hit_rate" => "hit rate",
-        other => other,
-    };
-    format!("{name}: canary {} vs baseline {} · {}", show(r.canary), show(r.baseline), r.detail)
-}
-
-/// The verdict in words.
-pub fn verdict_words(verdict: &str) -> &'static str {
-    match verdict {
-        "holding" => "guards holding",
-        "not_enough_data" => "not enough data: will not promote",
-        "crossed" => "guard crossed",
-        _ => "not judged yet",
-    }
-}
-
 fn moved_line(m: &MovedRouter) -> String {
     format!("{} ({}): {}", m.url, m.step, m.message)
 }
@@ -365,7 +340,7 @@ fn CanaryPanel(
                         };
                         view! {
                             <p data-testid="canary-verdict" data-verdict=v.clone()>
-                                <span class=class>{verdict_words(&v)}</span>
+                                <span class=class>{format::verdict_words(&v)}</span>
                                 {(!c.missing.is_empty()).then(|| format!(" {}", c.missing.join("; ")))}
                             </p>
                         }
@@ -373,7 +348,7 @@ fn CanaryPanel(
                     <ul class="guards" data-testid="canary-guards">
                         {c.readings.iter().map(|r| view! {
                             <li data-testid="canary-guard" data-guard=r.guard.clone() data-state=r.state.clone()>
-                                {guard_line(r)}
+                                {format::guard_line(r)}
                             </li>
                         }).collect_view()}
                     </ul>
@@ -389,31 +364,5 @@ fn CanaryPanel(
                 </div>
             })}
         </div>
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn guard_readings_read_in_their_own_units() {
-        let reading = |guard: &str, canary, baseline| GuardReadingView {
-            guard: guard.into(),
-            canary,
-            baseline,
-            state: "ok".into(),
-            detail: "limit".into(),
-        };
-        assert_eq!(
-            guard_line(&reading("ttft_p95", Some(250.0), Some(200.0))),
-            "TTFT p95: canary 250 ms vs baseline 200 ms · limit"
-        );
-        assert_eq!(
-            guard_line(&reading("error_rate", Some(0.1), Some(0.0))),
-            "error rate: canary 10.0% vs baseline 0.0% · limit"
-        );
-        assert!(guard_line(&reading("hit_rate", None, None)).starts_with("hit rate: canary"));
-        assert_eq!(verdict_words("not_enough_data"), "not enough data: will not promote");
     }
 }
