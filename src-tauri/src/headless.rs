@@ -109,6 +109,8 @@ pub async fn run(
 fn router(served: Arc<Served>) -> Router {
     Router::new()
         .route("/api/{command}", post(api))
+        // The app's own counters (history writes, shed rounds) for Prometheus; behind the same gate.
+        .route("/metrics", get(metrics))
         .route("/", get(asset))
         .route("/{*path}", get(asset))
         .layer(middleware::from_fn_with_state(served.clone(), guard))
@@ -184,6 +186,11 @@ fn refused(refusal: &Refusal, api: bool) -> Response {
         refusal.message.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
     );
     (status, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
+}
+
+async fn metrics(State(served): State<Arc<Served>>) -> Response {
+    let text = served.control.render_metrics();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 
 async fn api(

@@ -109,12 +109,20 @@ struct Cli {
     /// ever opened on the API's behalf).
     #[arg(long)]
     trace_dir: Option<PathBuf>,
-    /// The SQLite history file (default: fleetdeck/history.sqlite in the user's data folder).
+    /// The SQLite history file (default: fleetdeck/history.sqlite in the user's data folder; with
+    /// --demo, fleetdeck/demo/history.sqlite, so demo samples never mix with a real fleet's).
     #[arg(long)]
     db: Option<PathBuf>,
     /// Set by WebKitWebDriver when it launches the app for UI tests; nothing to do here.
     #[arg(long, hide = true)]
     automation: bool,
+}
+
+/// The history file when `--db` is not given: the demo keeps its own (with its own settings and tokens
+/// beside it), so its emulated samples never enter a real fleet's comparisons.
+fn default_db(data_dir: &std::path::Path, demo: bool) -> PathBuf {
+    let folder = data_dir.join("fleetdeck");
+    if demo { folder.join("demo").join("history.sqlite") } else { folder.join("history.sqlite") }
 }
 
 /// Tools for operators and scripts that run without the window.
@@ -183,10 +191,10 @@ fn main() -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--scrape-interval: {e}"))?;
     let db = match &cli.db {
         Some(path) => path.clone(),
-        None => dirs::data_dir()
-            .context("cannot find the user's data folder; pass --db FILE")?
-            .join("fleetdeck")
-            .join("history.sqlite"),
+        None => default_db(
+            &dirs::data_dir().context("cannot find the user's data folder; pass --db FILE")?,
+            cli.demo,
+        ),
     };
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -231,7 +239,11 @@ fn main() -> Result<()> {
             config.targets.extend(demo.replica_urls);
             config.routers.push(demo.router);
         }
-        println!("history: {}", db.display());
+        if cli.demo && cli.db.is_none() {
+            println!("history: {} (the demo's own database; --db FILE to choose)", db.display());
+        } else {
+            println!("history: {}", db.display());
+        }
         Control::start(config, cancel.clone()).await
     })?;
 
@@ -296,6 +308,17 @@ fn write_stdout(report: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory as _, Parser as _};
+
+    #[test]
+    fn the_demo_keeps_its_own_database_unless_told_otherwise() {
+        let data = std::path::Path::new("/home/op/.local/share");
+        let real = super::default_db(data, false);
+        let demo = super::default_db(data, true);
+        assert_eq!(real, data.join("fleetdeck/history.sqlite"));
+        assert_eq!(demo, data.join("fleetdeck/demo/history.sqlite"));
+        // Settings and tokens live beside the database, so the demo's are apart too.
+        assert_ne!(real.parent(), demo.parent());
+    }
     use fleet_test_support::readme::{commands, readme_commands};
 
     use super::{Cli, WAYS_IN};

@@ -224,6 +224,22 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
         Some("observing"),
         "healthy, the canary holds its guards"
     );
+    // The verdict and every guard's reading are shown while it is watched.
+    let verdict = eventually("the canary's verdict to hold", WAIT, || async {
+        let verdict = browser.find(Locator::Css("[data-testid=canary-verdict]")).await?;
+        Ok((verdict.attr("data-verdict").await?.as_deref() == Some("holding")).then_some(verdict))
+    })
+    .await?;
+    let verdict_text = verdict.text().await?.to_lowercase();
+    assert!(verdict_text.contains("guards holding"), "{verdict_text}");
+    let guards = browser.find_all(Locator::Css("[data-testid=canary-guard]")).await?;
+    let mut read = Vec::new();
+    for guard in guards {
+        read.push((guard.attr("data-guard").await?.unwrap_or_default(), guard.text().await?));
+    }
+    let names: Vec<&str> = read.iter().map(|(g, _)| g.as_str()).collect();
+    assert_eq!(names, ["error_rate", "ttft_p95", "hit_rate"], "{read:?}");
+    assert!(read[0].1.to_lowercase().contains("error rate: canary 0.0%"), "{read:?}");
     for replica in 0..2 {
         sim.fleet.set_faults(replica, Faults { stall_ms: 400, ..Default::default() })?;
     }
@@ -236,6 +252,8 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     })
     .await?;
     assert!(reason.contains("TTFT"), "{reason}");
+    let crossed = browser.find(Locator::Css("[data-testid=canary-guard][data-guard=ttft_p95]")).await?;
+    assert_eq!(crossed.attr("data-state").await?.as_deref(), Some("crossed"));
     for replica in 0..2 {
         sim.fleet.set_faults(replica, Faults::default())?;
     }

@@ -91,6 +91,15 @@ async fn every_command_and_page_needs_the_launch_secret() -> Result<()> {
     let signed_in = client.post(app.api("settings")).bearer_auth(&app.token).json(&json!({})).send().await?;
     assert_eq!(signed_in.status(), StatusCode::OK);
 
+    // The app's metrics (history writes, shed rounds) too: for the token's holder only.
+    let metrics = format!("{}/metrics", app.url.trim_end_matches('/'));
+    assert_eq!(client.get(&metrics).send().await?.status(), StatusCode::UNAUTHORIZED);
+    let scraped = client.get(&metrics).bearer_auth(&app.token).send().await?;
+    assert_eq!(scraped.status(), StatusCode::OK);
+    let text = scraped.text().await?;
+    assert!(text.contains("fleetdeck_history_rounds_shed_total 0"), "{text}");
+    assert!(text.contains("fleetdeck_history_write_failures_total 0"), "{text}");
+
     // The UI's pages too: a stranger gets a page saying how to sign in, not the app.
     let page = client.get(&app.url).send().await?;
     assert_eq!(page.status(), StatusCode::UNAUTHORIZED);

@@ -137,6 +137,62 @@ pub fn router_summary(r: &fleetdeck_api::RouterSource) -> (String, String) {
     (badge, text)
 }
 
+/// The warning the fleet view shows while storing the scrapes goes wrong (or went wrong and lost rounds):
+/// the count, what was lost and the last error. `None` when every round was stored.
+pub fn history_banner(h: &fleetdeck_api::HistoryWriteStatus) -> Option<String> {
+    if h.failed_writes == 0
+        && h.shed_rounds == 0
+        && h.dropped_rounds == 0
+        && h.scrape_observations_dropped == 0
+    {
+        return None;
+    }
+    let mut text = if h.failing {
+        format!("History writes are failing ({} failed attempts, retrying)", h.failed_writes)
+    } else {
+        format!("History writes failed {} times (writing again now)", h.failed_writes)
+    };
+    if h.shed_rounds > 0 {
+        text.push_str(&format!(" · {} oldest unwritten rounds shed (queue full)", h.shed_rounds));
+    }
+    if h.dropped_rounds > 0 {
+        text.push_str(&format!(" · {} rounds dropped after every retry failed", h.dropped_rounds));
+    }
+    if h.scrape_observations_dropped > 0 {
+        text.push_str(&format!(" · {} scrape results not stored", h.scrape_observations_dropped));
+    }
+    if let Some(error) = &h.last_error {
+        text.push_str(&format!(" · last error: {error}"));
+    }
+    text.push_str(&format!(" · database {}", h.db_path));
+    Some(text)
+}
+
+/// A guard's reading as one line: its figures in its own unit.
+pub fn guard_line(r: &fleetdeck_api::GuardReadingView) -> String {
+    let show = |v: Option<f64>| match r.guard.as_str() {
+        "ttft_p95" => duration_s(v.map(|ms| ms / 1000.0)),
+        _ => percent(v),
+    };
+    let name = match r.guard.as_str() {
+        "ttft_p95" => "TTFT p95",
+        "error_rate" => "error rate",
+        "hit_rate" => "hit rate",
+        other => other,
+    };
+    format!("{name}: canary {} vs baseline {} · {}", show(r.canary), show(r.baseline), r.detail)
+}
+
+/// The verdict in words.
+pub fn verdict_words(verdict: &str) -> &'static str {
+    match verdict {
+        "holding" => "guards holding",
+        "not_enough_data" => "not enough data: will not promote",
+        "crossed" => "guard crossed",
+        _ => "not judged yet",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,5 +304,51 @@ mod tests {
         assert_eq!(short_url("http://127.0.0.1:8001/metrics"), "127.0.0.1:8001");
         assert_eq!(short_url("https://gpu-3:9000/"), "gpu-3:9000");
         assert_eq!(short_url("gpu-3:9000/stats"), "gpu-3:9000/stats");
+    }
+
+    #[test]
+    fn the_history_banner_shows_only_when_something_was_not_stored() {
+        let mut h = fleetdeck_api::HistoryWriteStatus {
+            db_path: "/d/history.sqlite".into(),
+            written_rounds: 40,
+            ..Default::default()
+        };
+        assert_eq!(history_banner(&h), None);
+        h.failed_writes = 3;
+        h.shed_rounds = 7;
+        h.failing = true;
+        h.last_error = Some("database is locked".into());
+        let text = history_banner(&h).unwrap();
+        for words in [
+            "failing (3 failed attempts",
+            "7 oldest unwritten rounds shed",
+            "database is locked",
+            "/d/history.sqlite",
+        ] {
+            assert!(text.contains(words), "{text} lacks {words}");
+        }
+        h.failing = false;
+        assert!(history_banner(&h).unwrap().contains("failed 3 times"));
+    }
+
+    #[test]
+    fn guard_readings_read_in_their_own_units() {
+        let reading = |guard: &str, canary, baseline| fleetdeck_api::GuardReadingView {
+            guard: guard.into(),
+            canary,
+            baseline,
+            state: "ok".into(),
+            detail: "limit".into(),
+        };
+        assert_eq!(
+            guard_line(&reading("ttft_p95", Some(250.0), Some(200.0))),
+            "TTFT p95: canary 250 ms vs baseline 200 ms · limit"
+        );
+        assert_eq!(
+            guard_line(&reading("error_rate", Some(0.1), Some(0.0))),
+            "error rate: canary 10.0% vs baseline 0.0% · limit"
+        );
+        assert!(guard_line(&reading("hit_rate", None, None)).starts_with("hit rate: canary"));
+        assert_eq!(verdict_words("not_enough_data"), "not enough data: will not promote");
     }
 }

@@ -50,6 +50,33 @@ pub struct FleetSnapshot {
     pub replicas: Vec<ReplicaRow>,
     /// TTFT p95 per replica over the requested window, oldest point first.
     pub ttft_p95: Vec<Series>,
+    /// How storing the scrapes goes: which database, failed writes, shed rounds.
+    #[serde(default)]
+    pub history: HistoryWriteStatus,
+}
+
+/// The history writer's state: scrapes are never held up by the database, so what could not be stored is
+/// counted here (and in the app's `/metrics`) rather than lost silently.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HistoryWriteStatus {
+    /// The SQLite file the history goes to.
+    pub db_path: String,
+    /// Rounds waiting for the writer.
+    pub pending_rounds: u64,
+    pub written_rounds: u64,
+    /// Unwritten rounds dropped (oldest first) because the writer's queue was full.
+    pub shed_rounds: u64,
+    /// Failed write attempts (each round is retried).
+    pub failed_writes: u64,
+    /// Rounds given up after every retry failed.
+    pub dropped_rounds: u64,
+    pub last_error: Option<String>,
+    pub last_error_ms: Option<i64>,
+    /// The last write failed (until one succeeds).
+    pub failing: bool,
+    /// Scrape results the scheduler could not hand to the batcher (it never waits for it).
+    #[serde(default)]
+    pub scrape_observations_dropped: u64,
 }
 
 /// The live state of one replica as the scraper last saw it.

@@ -199,6 +199,7 @@ pub struct PushReport {
 
 /// When a canary is judged worse than the rest.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CanaryGuards {
     /// Roll back when the canary's TTFT p95 exceeds this multiple of the rest's (e.g. 1.25)...
     pub max_ttft_p95_ratio: f64,
@@ -208,6 +209,14 @@ pub struct CanaryGuards {
     pub max_hit_rate_drop: f64,
     /// Requests each side must have served before the guards judge.
     pub min_requests: u64,
+    /// Roll back when the canary's error rate (5xx, 502s, streams ended by an error event) exceeds this
+    /// multiple of the rest's (e.g. 2)...
+    pub max_error_rate_ratio: f64,
+    /// ...and is at least this much above it (0.02 = 2 points).
+    pub min_error_rate_increase: f64,
+    /// Without cached-token reports on both sides the canary is "not enough data", never promoted;
+    /// `false` promotes on latency and errors alone.
+    pub require_hit_rate: bool,
 }
 
 impl Default for CanaryGuards {
@@ -217,6 +226,9 @@ impl Default for CanaryGuards {
             min_ttft_p95_increase_ms: 50.0,
             max_hit_rate_drop: 0.05,
             min_requests: 50,
+            max_error_rate_ratio: 2.0,
+            min_error_rate_increase: 0.02,
+            require_hit_rate: true,
         }
     }
 }
@@ -238,6 +250,11 @@ pub struct CanaryArgs {
     pub check_every_ms: Option<u64>,
     #[serde(default)]
     pub operator: Option<String>,
+    /// The version of each router the operator reviewed (the diff's): the canary push, the promotion and
+    /// the rollback are conditioned on it (`If-Match`), and a router that moved meanwhile is reported, not
+    /// overwritten. A router left out is read right before its push.
+    #[serde(default)]
+    pub reviewed: Vec<PushTarget>,
 }
 
 /// Arguments of [`CMD_ABORT_CANARY`].
@@ -250,8 +267,39 @@ pub struct AbortCanaryArgs {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct SideFigures {
     pub requests: u64,
+    /// Failed requests: 5xx (502s included) or streams ended by an error event.
+    #[serde(default)]
+    pub errors: u64,
+    /// TTFT p95 of successful answers (first token, not first byte).
     pub ttft_p95_s: Option<f64>,
     pub hit_rate: Option<f64>,
+}
+
+/// How one guard reads at the last check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GuardReadingView {
+    /// `ttft_p95` (ms), `error_rate` (fraction) or `hit_rate` (fraction).
+    pub guard: String,
+    pub canary: Option<f64>,
+    pub baseline: Option<f64>,
+    /// `ok`, `crossed` or `not_enough_data`.
+    pub state: String,
+    /// The limit, or what is missing.
+    pub detail: String,
+}
+
+/// A router that had moved on from the version the operator reviewed when the canary came to change it:
+/// the change was not made there.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MovedRouter {
+    pub url: String,
+    /// `canary push`, `promotion` or `rollback`.
+    pub step: String,
+    /// The version the change was conditioned on.
+    pub expected_version: Option<u64>,
+    /// The version the router runs instead, when it said.
+    pub current_version: Option<u64>,
+    pub message: String,
 }
 
 /// One step of a canary's log.
@@ -283,6 +331,18 @@ pub struct CanaryStatus {
     /// Why the last measurement failed, if it did.
     pub measure_error: Option<String>,
     pub steps: Vec<CanaryStep>,
+    /// The last check's verdict: `holding`, `not_enough_data` or `crossed`; `None` before the first.
+    #[serde(default)]
+    pub verdict: Option<String>,
+    /// What the verdict lacks, when it is `not_enough_data`.
+    #[serde(default)]
+    pub missing: Vec<String>,
+    /// Each guard's reading at the last check.
+    #[serde(default)]
+    pub readings: Vec<GuardReadingView>,
+    /// Routers that moved on from the reviewed version and were left alone.
+    #[serde(default)]
+    pub moved: Vec<MovedRouter>,
 }
 
 /// The result of [`CMD_CANARY_STATUS`].

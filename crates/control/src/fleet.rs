@@ -5,7 +5,9 @@
 //! a size cap, a bound on scrapes in flight and backoff when it fails, keeping its last good
 //! signals beside the error and the time of its last good scrape. A failing target never stalls
 //! the others. Good scrapes flow to a batcher that hands them to the history writer once per
-//! scrape interval, so samples reach SQLite one round per transaction.
+//! scrape interval, so samples reach SQLite one round per transaction. Neither the scheduler nor the
+//! batcher ever waits for the database: rounds go through a bounded queue that sheds its oldest
+//! unwritten round when full, and failed writes are retried and counted (`history_writer.rs`).
 //!
 //! Targets live in groups, one scheduler each: the targets given at start form one group and
 //! each target added later its own, so adding or removing one never resets the others' signal
@@ -31,8 +33,9 @@ use crate::synthetic;
 
 /// Most scrapes in flight at once per group, so a large fleet cannot exhaust sockets.
 const MAX_CONCURRENT_SCRAPES: usize = 64;
-/// Scrape rounds queued for the history writer before scraping waits for it.
-const WRITER_QUEUE_ROUNDS: usize = 8;
+/// Scrape rounds queued for the history writer before the oldest is shed (a minute at the default interval:
+/// a database busy for longer loses its oldest rounds, never the scrapes).
+const WRITER_QUEUE_ROUNDS: usize = 60;
 /// Rates, hit rates and TTFT quantiles cover this span (at least three scrape intervals), so
 /// a replica with a few requests a second still shows a stable p95.
 const SIGNAL_WINDOW: Duration = Duration::from_secs(10);
@@ -141,7 +144,7 @@ pub(crate) struct Inner {
     pub(crate) http: reqwest::Client,
     pub(crate) limits: ScrapeLimits,
     targets: Mutex<Targets>,
-    writer: mpsc::Sender<Vec<SampleRow>>,
+    pub(crate) history: Arc<crate::history_writer::HistoryQueue>,
     pub(crate) cancel: CancellationToken,
     pub(crate) routers: Routers,
     pub(crate) settings_path: PathBuf,
@@ -191,8 +194,14 @@ impl Control {
             Some(s) => crate::settings::validate_interval(s).map_err(anyhow::Error::msg)?,
             None => config.scrape_interval,
         };
-        let (writer, rounds) = mpsc::channel(WRITER_QUEUE_ROUNDS);
-        tokio::spawn(write_history(store.clone(), rounds));
+        let history = Arc::new(crate::history_writer::HistoryQueue::new(
+            WRITER_QUEUE_ROUNDS,
+            config.db_path.display().to_string(),
+        ));
+        {
+            let (history, store, cancel) = (history.clone(), store.clone(), cancel.clone());
+            tokio::spawn(async move { history.run(store, cancel).await });
+        }
 
         let mut routers = config.routers.clone();
         for r in &saved.routers {
@@ -217,7 +226,7 @@ impl Control {
             http,
             limits: config.limits,
             targets: Mutex::new(Targets { groups: Vec::new(), next_id: 0, interval }),
-            writer,
+            history,
             cancel: cancel.clone(),
             routers,
             settings_path: config.settings_path,
@@ -299,7 +308,7 @@ impl Control {
         };
         let (scheduler, observations) =
             Scheduler::start(specs, config, self.inner.http.clone(), stop.clone());
-        tokio::spawn(batch_rounds(observations, self.inner.writer.clone(), interval));
+        tokio::spawn(batch_rounds(observations, self.inner.history.clone(), interval));
         Group { scheduler, stop, targets }
     }
 
@@ -388,14 +397,33 @@ impl Control {
                 .map_err(|e| ApiError::new("history_unavailable", e.to_string()))?;
             series.into_iter().map(|(url, points)| Series { url, points }).collect()
         };
-        Ok(FleetSnapshot { now_ms, replicas, ttft_p95 })
+        Ok(FleetSnapshot { now_ms, replicas, ttft_p95, history: self.history_status() })
+    }
+
+    /// How storing the scrapes goes (the fleet view's banner).
+    pub fn history_status(&self) -> fleetdeck_api::HistoryWriteStatus {
+        let mut status = self.inner.history.health();
+        status.scrape_observations_dropped =
+            lock(&self.inner.targets).groups.iter().map(|g| g.scheduler.dropped_observations()).sum();
+        status
+    }
+
+    /// The app's own counters in Prometheus text format (the headless server's `/metrics`).
+    pub fn render_metrics(&self) -> String {
+        let mut text = String::new();
+        self.inner.history.render_metrics(&mut text);
+        let dropped = self.history_status().scrape_observations_dropped;
+        text.push_str(&format!(
+            "# HELP fleetdeck_scrape_observations_dropped_total Scrape results not handed to the history \
+             batcher (the scheduler never waits for it).\n# TYPE fleetdeck_scrape_observations_dropped_total \
+             counter\nfleetdeck_scrape_observations_dropped_total {dropped}\n"
+        ));
+        text
     }
 
     /// Hands one round of samples (from a source other than the schedulers) to the writer.
     pub(crate) async fn store_round(&self, round: Vec<SampleRow>) {
-        if !round.is_empty() && self.inner.writer.send(round).await.is_err() {
-            tracing::error!("history writer stopped; samples are no longer stored");
-        }
+        self.inner.history.push(round);
     }
 
     /// A fresh id for a target that is not scheduled here (a Prometheus instance).
@@ -420,10 +448,10 @@ pub(crate) fn sample_row(url: String, at_ms: i64, signals: &fleet_telemetry::Rep
 }
 
 /// Gathers good scrapes and hands them to the writer once per scrape interval: one round per
-/// transaction. Ends (after a last flush) when the scheduler stops.
+/// transaction. Never waits for the writer. Ends (after a last flush) when the scheduler stops.
 async fn batch_rounds(
     mut observations: mpsc::Receiver<Observation>,
-    writer: mpsc::Sender<Vec<SampleRow>>,
+    writer: Arc<crate::history_writer::HistoryQueue>,
     every: Duration,
 ) {
     let mut ticks = tokio::time::interval(every);
@@ -441,20 +469,9 @@ async fn batch_rounds(
             },
             _ = ticks.tick() => true,
         };
-        if !round.is_empty() && writer.send(std::mem::take(&mut round)).await.is_err() {
-            tracing::error!("history writer stopped; samples are no longer stored");
-        }
+        writer.push(std::mem::take(&mut round));
         if !open {
             return;
-        }
-    }
-}
-
-/// Stores each scrape round in one transaction, in order.
-async fn write_history(store: Store, mut rounds: mpsc::Receiver<Vec<SampleRow>>) {
-    while let Some(samples) = rounds.recv().await {
-        if let Err(error) = store.insert_samples(&samples).await {
-            tracing::error!(%error, rows = samples.len(), "could not store a scrape round");
         }
     }
 }

@@ -29,6 +29,7 @@ pub mod fleet;
 pub mod headroom;
 pub mod heat;
 pub mod history_compare;
+pub mod history_writer;
 pub mod policy_edit;
 pub mod policy_store;
 pub mod rollout;

@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use fleet_policy::PolicySpec;
-use fleet_rollout::{Action, Canary, CanaryPlan, Drift, Guards, Phase, PushOutcome, SideWindow};
+use fleet_rollout::{Action, Canary, CanaryPlan, Drift, Guards, Phase, PushOutcome, SideWindow, Verdict};
 use fleet_store::{AnnotationKind, NewAnnotation, NewPolicyVersion, StoreError};
 use fleet_trace::TraceRecord;
 use fleetdeck_api::{
     AbortCanaryArgs, ApiError, CanaryArgs, CanaryGuards, CanaryStatus, CanaryStep, CanaryView, DriftBadge,
-    PushArgs, PushReport, PushResult, RouterPush, SideFigures,
+    GuardReadingView, MovedRouter, PushArgs, PushReport, PushResult, RouterPush, SideFigures,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -95,6 +95,12 @@ fn refusal(status: u16, body: &[u8]) -> PushOutcome {
     PushOutcome::Refused { status, code, message }
 }
 
+/// The version a 409 `version_conflict` says is in force.
+fn conflict_version(result: &Result<(u16, Vec<u8>), String>) -> Option<u64> {
+    let Ok((409, body)) = result else { return None };
+    serde_json::from_slice::<Value>(body).ok()?["current_version"].as_u64()
+}
+
 /// An answer to a policy change as a push outcome.
 fn outcome_of(result: Result<(u16, Vec<u8>), String>) -> PushOutcome {
     match result {
@@ -129,9 +135,29 @@ pub async fn put_policy(client: &AdminClient, spec: &PolicySpec, if_version: u64
     outcome_of(exchange(client, reqwest::Method::PUT, "/admin/policy", Some(body), Some(if_version)).await)
 }
 
+/// `PUT /admin/policy` with `If-Match: "if_version"`, and on a 409 the version the router runs instead.
+async fn put_policy_reporting(
+    client: &AdminClient,
+    spec: &PolicySpec,
+    if_version: u64,
+) -> (PushOutcome, Option<u64>) {
+    let body = serde_json::to_string(spec).unwrap_or_default();
+    let answer = exchange(client, reqwest::Method::PUT, "/admin/policy", Some(body), Some(if_version)).await;
+    let current = conflict_version(&answer);
+    (outcome_of(answer), current)
+}
+
 /// `POST /admin/policy/rollback`.
 pub async fn rollback_policy(client: &AdminClient) -> PushOutcome {
     outcome_of(exchange(client, reqwest::Method::POST, "/admin/policy/rollback", None, None).await)
+}
+
+/// `POST /admin/policy/rollback` only while `if_version` is in force (`If-Match`): undoing the canary's
+/// version must not undo what someone put in force after it. On a 409, the version the router runs.
+async fn rollback_policy_if(client: &AdminClient, if_version: Option<u64>) -> (PushOutcome, Option<u64>) {
+    let answer = exchange(client, reqwest::Method::POST, "/admin/policy/rollback", None, if_version).await;
+    let current = conflict_version(&answer);
+    (outcome_of(answer), current)
 }
 
 /// Pushes with compare-and-swap against the version the router runs now.
@@ -179,15 +205,24 @@ pub struct Observed {
     pub cached_tokens: Option<u32>,
     /// Time to first token, when measured.
     pub ttft_ms: Option<f64>,
+    /// The request failed: a 5xx (the router's 502s included) or a stream ended by an error event.
+    pub failed: bool,
+    /// The request succeeded (2xx, not ended by an error): only these have a TTFT worth judging; a fast 4xx
+    /// is neither a good first token nor a server error.
+    pub succeeded: bool,
 }
 
 impl From<&TraceRecord> for Observed {
     fn from(record: &TraceRecord) -> Self {
+        let status = record.status.unwrap_or(200);
+        let failed = status >= 500 || record.error.is_some();
         Self {
             arrival_ms: record.timestamp,
             input_tokens: record.input_length,
             cached_tokens: record.cached_tokens,
             ttft_ms: record.ttft_ms,
+            failed,
+            succeeded: !failed && (200..300).contains(&status),
         }
     }
 }
@@ -223,11 +258,13 @@ impl RouterTraffic {
 }
 
 /// One side's figures from the routers' recorded requests that arrived at or after `since_ms`:
-/// TTFT p95 (nearest rank) over `ttft_ms`, hit rate = sum cached tokens / sum prompt tokens
-/// over the requests that report cached tokens.
+/// failed requests counted as errors, TTFT p95 (nearest rank) over the successful requests' `ttft_ms`, hit
+/// rate = sum cached tokens / sum prompt tokens over the requests that report cached tokens.
 pub fn side_window<'a>(observed: impl IntoIterator<Item = &'a Observed>, since_ms: u64) -> SideWindow {
     let recent: Vec<&Observed> = observed.into_iter().filter(|r| r.arrival_ms >= since_ms).collect();
-    let mut ttfts: Vec<f64> = recent.iter().filter_map(|r| r.ttft_ms).filter(|t| t.is_finite()).collect();
+    let errors = recent.iter().filter(|r| r.failed).count() as u64;
+    let mut ttfts: Vec<f64> =
+        recent.iter().filter(|r| r.succeeded).filter_map(|r| r.ttft_ms).filter(|t| t.is_finite()).collect();
     ttfts.sort_by(f64::total_cmp);
     let ttft_p95_s = (!ttfts.is_empty()).then(|| {
         let rank = ((ttfts.len() as f64) * 0.95).ceil() as usize;
@@ -238,11 +275,38 @@ pub fn side_window<'a>(observed: impl IntoIterator<Item = &'a Observed>, since_m
         .filter_map(|r| r.cached_tokens.map(|c| (u64::from(c), u64::from(r.input_tokens))))
         .fold((0u64, 0u64), |(c, i), (rc, ri)| (c + rc, i + ri));
     let hit_rate = (input > 0).then(|| cached as f64 / input as f64);
-    SideWindow { requests: recent.len() as u64, ttft_p95_s, hit_rate }
+    SideWindow { requests: recent.len() as u64, errors, ttft_p95_s, hit_rate }
 }
 
 fn figures(side: &SideWindow) -> SideFigures {
-    SideFigures { requests: side.requests, ttft_p95_s: side.ttft_p95_s, hit_rate: side.hit_rate }
+    SideFigures {
+        requests: side.requests,
+        errors: side.errors,
+        ttft_p95_s: side.ttft_p95_s,
+        hit_rate: side.hit_rate,
+    }
+}
+
+/// A router whose conditioned change came back 409 `version_conflict`, as the canary reports it.
+fn moved(
+    url: &str,
+    step: &str,
+    expected: Option<u64>,
+    current: Option<u64>,
+    outcome: &PushOutcome,
+) -> MovedRouter {
+    MovedRouter {
+        url: url.to_owned(),
+        step: step.to_owned(),
+        expected_version: expected,
+        current_version: current,
+        message: format!(
+            "moved meanwhile: the {step} was conditioned on version {}, the router runs {}; left as it is ({})",
+            expected.map_or("?".to_owned(), |v| v.to_string()),
+            current.map_or("another".to_owned(), |v| format!("version {v}")),
+            describe(outcome)
+        ),
+    }
 }
 
 /// Who made a change: the name given, else `FLEETDECK_OPERATOR`, else the OS user.
@@ -462,8 +526,16 @@ impl Control {
                 min_ttft_p95_increase_ms: args.guards.min_ttft_p95_increase_ms,
                 max_hit_rate_drop: args.guards.max_hit_rate_drop,
                 min_requests: args.guards.min_requests,
+                max_error_rate_ratio: args.guards.max_error_rate_ratio,
+                min_error_rate_increase: args.guards.min_error_rate_increase,
+                require_hit_rate: args.guards.require_hit_rate,
             },
         };
+        let reviewed: HashMap<String, u64> = args
+            .reviewed
+            .iter()
+            .filter_map(|t| Some((t.url.trim_end_matches('/').to_owned(), t.if_version?)))
+            .collect();
         plan.validate().map_err(|e| ApiError::new("bad_request", e.to_string()))?;
         {
             let running = lock(&self.rollout().canary);
@@ -501,12 +573,16 @@ impl Control {
             baseline_side: SideFigures::default(),
             measure_error: None,
             steps: Vec::new(),
+            verdict: None,
+            missing: Vec::new(),
+            readings: Vec::new(),
+            moved: Vec::new(),
         };
         *lock(&self.rollout().canary) =
             Some(CanaryRun { status: status.clone(), abort: abort.clone(), abort_reason: None });
         let control = self.clone();
         tokio::spawn(async move {
-            control.run_canary(canary, first, label, author, check_every, abort).await;
+            control.run_canary(canary, first, label, author, check_every, abort, reviewed).await;
         });
         Ok(status)
     }
@@ -556,6 +632,24 @@ impl Control {
         }
         if measure_error.is_some() || sides.is_some() {
             status.measure_error = measure_error;
+        }
+        if let Some(judgement) = canary.judgement() {
+            status.verdict = Some(judgement.verdict.name().to_owned());
+            status.missing = match &judgement.verdict {
+                Verdict::NotEnoughData { missing } => missing.clone(),
+                _ => Vec::new(),
+            };
+            status.readings = judgement
+                .readings
+                .iter()
+                .map(|r| GuardReadingView {
+                    guard: r.guard.clone(),
+                    canary: r.canary,
+                    baseline: r.baseline,
+                    state: r.state.clone(),
+                    detail: r.detail.clone(),
+                })
+                .collect();
         }
         status.steps = canary
             .log()
@@ -608,7 +702,20 @@ impl Control {
         Ok((side(&plan.canary), side(&plan.baseline), gaps))
     }
 
-    /// Drives one canary to its end, performing each action the state machine returns.
+    /// Adds routers that moved meanwhile to the status the UI reads.
+    fn report_moved(&self, moved: Vec<MovedRouter>) {
+        if moved.is_empty() {
+            return;
+        }
+        if let Some(run) = lock(&self.rollout().canary).as_mut() {
+            run.status.moved.extend(moved);
+        }
+    }
+
+    /// Drives one canary to its end, performing each action the state machine returns. Every change is
+    /// conditioned: pushes on the version the operator reviewed (`reviewed`, by router URL), rollbacks on
+    /// the version the canary put in force.
+    #[allow(clippy::too_many_arguments)] // one canary's settings, each from the operator's request
     async fn run_canary(
         &self,
         mut canary: Canary,
@@ -617,10 +724,12 @@ impl Control {
         author: String,
         check_every: Duration,
         abort: CancellationToken,
+        reviewed: HashMap<String, u64>,
     ) {
         let mut logged = 0;
         let mut aborted = false;
         let mut traffic = HashMap::new();
+        let mut applied_versions: HashMap<String, u64> = HashMap::new();
         loop {
             // Every new step goes to the audit trail as it happens.
             for step in &canary.log()[logged..] {
@@ -646,14 +755,24 @@ impl Control {
                     return;
                 }
                 Action::Push { routers, spec } => {
-                    let outcomes = self.push_to(&routers, &spec, &label).await;
+                    let step =
+                        if matches!(canary.phase(), Phase::Promoting) { "promotion" } else { "canary push" };
+                    let (outcomes, moved) = self.push_to(&routers, &spec, &label, &reviewed, step).await;
+                    self.report_moved(moved);
+                    for (url, outcome) in &outcomes {
+                        if let PushOutcome::Applied { version } = outcome {
+                            applied_versions.insert(url.clone(), *version);
+                        }
+                    }
                     action = canary.on_push_outcomes(&outcomes, now());
                     if matches!(canary.phase(), Phase::Promoted) {
                         *lock(&self.rollout().intended) = Some((label.clone(), spec));
                     }
                 }
                 Action::Rollback { routers } => {
-                    let outcomes = self.roll_back(&routers, &label, &author).await;
+                    let (outcomes, moved) =
+                        self.roll_back(&routers, &label, &author, &applied_versions).await;
+                    self.report_moved(moved);
                     action = canary.on_rollback_outcomes(&outcomes, now());
                 }
                 Action::Observe => {
@@ -685,15 +804,19 @@ impl Control {
         }
     }
 
+    /// Pushes `spec` to `routers`, each over HTTP conditioned on its `reviewed` version (else the version it
+    /// runs now), or through its etcd key; returns the outcomes and the routers that moved meanwhile.
     async fn push_to(
         &self,
         routers: &[String],
         spec: &PolicySpec,
         label: &str,
-    ) -> Vec<(String, PushOutcome)> {
+        reviewed: &HashMap<String, u64>,
+        step: &str,
+    ) -> (Vec<(String, PushOutcome)>, Vec<MovedRouter>) {
         let clients = match self.clients_for(routers) {
             Ok(clients) => clients,
-            Err(e) => return all_unreachable(routers, &e),
+            Err(e) => return (all_unreachable(routers, &e), Vec::new()),
         };
         // Routers on the store take the step through their key (a canary group's own key), the rest over HTTP.
         let (by_key, clients) = self.split_by_key(clients).await;
@@ -703,20 +826,44 @@ impl Control {
             self.record_outcome(label, &url, &outcome).await;
             answered.push((url, outcome));
         }
-        let outcomes = futures_util::future::join_all(clients.iter().map(|c| push_current(c, spec))).await;
-        for (client, (_, outcome)) in clients.iter().zip(outcomes) {
+        let pushes = clients.iter().map(|client| async move {
+            match reviewed.get(&client.url) {
+                Some(&version) => {
+                    let (outcome, current) = put_policy_reporting(client, spec, version).await;
+                    (Some(version), outcome, current)
+                }
+                None => {
+                    let (version, outcome) = push_current(client, spec).await;
+                    (version, outcome, None)
+                }
+            }
+        });
+        let outcomes = futures_util::future::join_all(pushes).await;
+        let mut moved_routers = Vec::new();
+        for (client, (expected, outcome, current)) in clients.iter().zip(outcomes) {
             self.record_outcome(label, &client.url, &outcome).await;
+            if is_conflict(&outcome) {
+                moved_routers.push(moved(&client.url, step, expected, current, &outcome));
+            }
             answered.push((client.url.clone(), outcome));
         }
-        answered
+        (answered, moved_routers)
     }
 
     /// Rolls routers back and records the restored spec as a version of its own, so the
-    /// candidate's active window ends where the rollback took effect.
-    async fn roll_back(&self, routers: &[String], label: &str, author: &str) -> Vec<(String, PushOutcome)> {
+    /// candidate's active window ends where the rollback took effect. Over HTTP each rollback is
+    /// conditioned on the version the canary applied there (`applied`): a router someone changed since
+    /// keeps that change and is reported as moved.
+    async fn roll_back(
+        &self,
+        routers: &[String],
+        label: &str,
+        author: &str,
+        applied: &HashMap<String, u64>,
+    ) -> (Vec<(String, PushOutcome)>, Vec<MovedRouter>) {
         let clients = match self.clients_for(routers) {
             Ok(clients) => clients,
-            Err(e) => return all_unreachable(routers, &e),
+            Err(e) => return (all_unreachable(routers, &e), Vec::new()),
         };
         let (by_key, clients) = self.split_by_key(clients).await;
         let mut answered = Vec::new();
@@ -731,10 +878,18 @@ impl Control {
             }
         }
         answered.extend(on_keys);
-        let outcomes = futures_util::future::join_all(clients.iter().map(rollback_policy)).await;
+        let outcomes = futures_util::future::join_all(
+            clients.iter().map(|client| rollback_policy_if(client, applied.get(&client.url).copied())),
+        )
+        .await;
         let restored = futures_util::future::join_all(clients.iter().map(read_policy)).await;
         let mut rollback_label: Option<String> = None;
-        for ((client, outcome), active) in clients.iter().zip(outcomes).zip(restored) {
+        let mut moved_routers = Vec::new();
+        for ((client, (outcome, current)), active) in clients.iter().zip(outcomes).zip(restored) {
+            if is_conflict(&outcome) {
+                let expected = applied.get(&client.url).copied();
+                moved_routers.push(moved(&client.url, "rollback", expected, current, &outcome));
+            }
             if outcome.is_applied()
                 && let Ok(active) = active
             {
@@ -751,8 +906,13 @@ impl Control {
             }
             answered.push((client.url.clone(), outcome));
         }
-        answered
+        (answered, moved_routers)
     }
+}
+
+/// A 409 `version_conflict`: the router moved on from the version the change was conditioned on.
+fn is_conflict(outcome: &PushOutcome) -> bool {
+    matches!(outcome, PushOutcome::Refused { status: 409, code, .. } if code == "version_conflict")
 }
 
 #[cfg(test)]
@@ -779,9 +939,35 @@ mod tests {
         // Nearest rank: the 19th of 20 sorted values.
         assert_eq!(side.ttft_p95_s, Some(0.19));
         let empty = side_window(&records, 5000);
-        assert_eq!(empty, SideWindow { requests: 0, ttft_p95_s: None, hit_rate: None });
+        assert_eq!(empty, SideWindow { requests: 0, errors: 0, ttft_p95_s: None, hit_rate: None });
         let unknown = side_window(&[Observed::from(&record(2000, 100, None, None))], 0);
         assert_eq!((unknown.requests, unknown.hit_rate, unknown.ttft_p95_s), (1, None, None));
+    }
+
+    #[test]
+    fn failed_answers_are_errors_and_never_good_first_tokens() {
+        let answer = |status: u16, error: Option<&str>, ttft: Option<f64>| {
+            let mut r = record(2000, 100, Some(50), ttft);
+            r.status = Some(status);
+            r.error = error.map(str::to_owned);
+            Observed::from(&r)
+        };
+        let mut observed: Vec<Observed> = (0..18).map(|_| answer(200, None, Some(400.0))).collect();
+        // Fast failures: a 500 passed on, the router's 502, a stream ended by the replica's error event,
+        // a stream the replica broke off, and a 404 (the client's error: not a server error, no TTFT).
+        observed.push(answer(500, None, Some(1.0)));
+        observed.push(answer(502, Some("no_replica"), None));
+        observed.push(answer(200, Some("stream_error"), Some(2.0)));
+        observed.push(answer(502, Some("stream_broken"), Some(3.0)));
+        observed.push(answer(404, None, Some(1.0)));
+        let side = side_window(&observed, 0);
+        assert_eq!((side.requests, side.errors), (23, 4));
+        // Every fast failure left out: the p95 is the successful answers' 400 ms, not a millisecond.
+        assert_eq!(side.ttft_p95_s, Some(0.4));
+        // A record from a router too old to say its status counts as a success.
+        let mut old = record(2000, 100, None, Some(10.0));
+        old.status = None;
+        assert!(Observed::from(&old).succeeded);
     }
 
     #[test]

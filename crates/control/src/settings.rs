@@ -43,16 +43,46 @@ impl SavedSettings {
         }
     }
 
-    /// Writes `path` atomically (temporary file, then rename).
+    /// Writes `path` atomically and durably: a temporary file in the same folder, flushed to disk, renamed
+    /// over `path`, then the folder flushed so the rename itself survives a power cut. A crash at any point
+    /// leaves either the old file or the new one, never a torn or empty one.
     pub fn save(&self, path: &Path) -> Result<()> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-        let temp = path.with_extension("json.tmp");
         let text = serde_json::to_string_pretty(self).context("cannot encode the settings")?;
-        std::fs::write(&temp, text).with_context(|| format!("cannot write {}", temp.display()))?;
-        std::fs::rename(&temp, path).with_context(|| format!("cannot replace {}", path.display()))
+        write_atomically(path, text.as_bytes())
     }
+}
+
+/// Replaces `path` with `bytes` atomically: temp file beside it + fsync + rename + fsync of the folder.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let name =
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "settings".into());
+    // Unique per process and call, so two saves at once never share a temporary file.
+    let temp =
+        dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    let written = (|| -> std::io::Result<()> {
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    })();
+    if let Err(error) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(error).with_context(|| format!("cannot write {}", temp.display()));
+    }
+    if let Err(error) = std::fs::rename(&temp, path) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(error).with_context(|| format!("cannot replace {}", path.display()));
+    }
+    // The rename is an entry of the folder: flush the folder too (Unix; elsewhere opening a folder fails).
+    #[cfg(unix)]
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| {
+        format!("cannot flush the folder {} after replacing {}", dir.display(), path.display())
+    })?;
+    Ok(())
 }
 
 /// Checks an endpoint URL typed by an operator: http(s), a host, no spaces.
@@ -106,6 +136,27 @@ mod tests {
         std::fs::write(&path, "{not json").unwrap();
         let err = SavedSettings::load(&path).unwrap_err();
         assert!(format!("{err:#}").contains("settings.json"), "{err:#}");
+    }
+
+    #[test]
+    fn a_save_replaces_the_file_whole_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        for n in 0..20 {
+            let saved = SavedSettings { replicas: vec![format!("http://a:{n}")], ..SavedSettings::default() };
+            saved.save(&path).unwrap();
+            assert_eq!(SavedSettings::load(&path).unwrap(), saved);
+        }
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["settings.json"]);
+        // A folder that cannot be written: a clear error, the old file intact.
+        let blocked = dir.path().join("file-not-folder");
+        std::fs::write(&blocked, "x").unwrap();
+        let err = SavedSettings::default().save(&blocked.join("settings.json")).unwrap_err();
+        assert!(format!("{err:#}").contains("file-not-folder"), "{err:#}");
     }
 
     #[test]

@@ -2,10 +2,14 @@
 //! on, real HTTP on loopback port 0) over emulated replicas (fleet-sim), with a real SQLite
 //! history in a temporary folder.
 
+#[path = "control/canary.rs"]
+mod canary;
 #[path = "control/discovery.rs"]
 mod discovery;
 #[path = "control/etcd_fleet.rs"]
 mod etcd_fleet;
+#[path = "control/history.rs"]
+mod history;
 #[path = "control/rollout.rs"]
 mod rollout;
 #[path = "control/third_party.rs"]

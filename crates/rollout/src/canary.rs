@@ -3,10 +3,15 @@
 //!
 //! ```text
 //! start ──► CanaryPushing ──all applied──► Observing ──observe_ms held──► Promoting ──► Promoted
-//!               │ any refused                 │ guard crossed /              
-//!               ▼                             ▼ not enough traffic / abort  
+//!               │ any refused                 │ guard crossed /
+//!               ▼                             ▼ not enough data for 3 periods / abort
 //!           RollingBack ◄─────────────────────┘ ──rollbacks applied──► RolledBack   (else Failed)
 //! ```
+//!
+//! Each observation is judged by [`judge`]: every guard (TTFT p95 of good answers, error rate, hit rate)
+//! gives a [`GuardReading`], and the [`Verdict`] is `crossed` (roll back), `not_enough_data` (too few
+//! requests, no successful answers to time, no cached-token reports to compute a hit rate from) or
+//! `holding`. Only a canary whose verdict is `holding` when its observation time is up is promoted.
 //!
 //! The caller performs each returned [`Action`] and reports the outcome back; time comes in as `now_ms`.
 //! Every transition appends a [`Step`] to the log, which the app writes to its audit trail.
@@ -19,8 +24,8 @@ use crate::push::PushOutcome;
 /// A router, as the app names it (its admin URL).
 pub type RouterKey = String;
 
-/// When a canary is judged worse than the rest. Defaults: 1.25x TTFT p95 and at least 50 ms slower, 5 points
-/// of hit rate, 50 requests.
+/// When a canary is judged worse than the rest. Defaults: 1.25x TTFT p95 and at least 50 ms slower; twice
+/// the error rate and at least 2 points more; 5 points of hit rate; 50 requests; hit rate required.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Guards {
@@ -33,6 +38,15 @@ pub struct Guards {
     pub max_hit_rate_drop: f64,
     /// Requests each side must have served in the window before the guards judge it.
     pub min_requests: u64,
+    /// Roll back when the canaries' error rate (5xx, 502s, streams ended by an error event) exceeds this
+    /// multiple of the baseline's...
+    pub max_error_rate_ratio: f64,
+    /// ...and is at least this much above it (0.02 = 2 points): one failed request in fifty against none
+    /// is infinitely many times worse and still noise.
+    pub min_error_rate_increase: f64,
+    /// Without a hit rate on both sides (replicas that never report cached tokens) the canary is not
+    /// judged, so not promoted. `false` promotes on latency and errors alone, and says so.
+    pub require_hit_rate: bool,
 }
 
 impl Default for Guards {
@@ -42,6 +56,9 @@ impl Default for Guards {
             min_ttft_p95_increase_ms: 50.0,
             max_hit_rate_drop: 0.05,
             min_requests: 50,
+            max_error_rate_ratio: 2.0,
+            min_error_rate_increase: 0.02,
+            require_hit_rate: true,
         }
     }
 }
@@ -110,6 +127,20 @@ impl CanaryPlan {
                 fix: "use a fraction from 0 to 1, e.g. 0.05 for five points of hit rate",
             });
         }
+        if !(guards.max_error_rate_ratio.is_finite() && guards.max_error_rate_ratio >= 1.0) {
+            return Err(CanaryError::Guard {
+                field: "max_error_rate_ratio",
+                value: guards.max_error_rate_ratio.to_string(),
+                fix: "use a ratio of at least 1.0, e.g. 2 to allow twice the baseline's error rate",
+            });
+        }
+        if !(0.0..=1.0).contains(&guards.min_error_rate_increase) {
+            return Err(CanaryError::Guard {
+                field: "min_error_rate_increase",
+                value: guards.min_error_rate_increase.to_string(),
+                fix: "use a fraction from 0 to 1, e.g. 0.02 to ignore error rates within two points",
+            });
+        }
         if self.observe_ms == 0 {
             return Err(CanaryError::Guard {
                 field: "observe_ms",
@@ -124,9 +155,66 @@ impl CanaryPlan {
 /// One side's figures over the observation window (from its routers' recorded traffic).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SideWindow {
+    /// Every request answered, failed ones included.
     pub requests: u64,
+    /// Failed requests: a 5xx (the router's 502s included) or a stream ended by an error event.
+    #[serde(default)]
+    pub errors: u64,
+    /// TTFT p95 over successful answers only (2xx, not ended by an error, a first token seen): a fast
+    /// error is not a fast first token.
     pub ttft_p95_s: Option<f64>,
+    /// Cached over prompt tokens, over the requests whose replica reported cached tokens.
     pub hit_rate: Option<f64>,
+}
+
+impl SideWindow {
+    /// Failed over answered requests, when there were any.
+    pub fn error_rate(&self) -> Option<f64> {
+        (self.requests > 0).then(|| self.errors as f64 / self.requests as f64)
+    }
+}
+
+/// How one guard reads, as the UI shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GuardReading {
+    /// `ttft_p95`, `error_rate` or `hit_rate`.
+    pub guard: String,
+    pub canary: Option<f64>,
+    pub baseline: Option<f64>,
+    /// `ok`, `crossed` or `not_enough_data`.
+    pub state: String,
+    /// The limit, or what is missing, in words.
+    pub detail: String,
+}
+
+/// What an observation concludes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every guard could be judged and none is crossed.
+    Holding,
+    /// Some guard cannot be judged yet; never a promotion.
+    NotEnoughData { missing: Vec<String> },
+    /// A guard is crossed: roll back.
+    Crossed { reason: String },
+}
+
+impl Verdict {
+    /// The verdict's tag, as its JSON form names it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Verdict::Holding => "holding",
+            Verdict::NotEnoughData { .. } => "not_enough_data",
+            Verdict::Crossed { .. } => "crossed",
+        }
+    }
+}
+
+/// A verdict with each guard's reading.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Judgement {
+    pub verdict: Verdict,
+    pub readings: Vec<GuardReading>,
 }
 
 /// Where the canary is.
@@ -204,6 +292,7 @@ pub struct Canary {
     /// Routers that currently run the candidate because of this canary.
     applied: Vec<RouterKey>,
     log: Vec<Step>,
+    judgement: Option<Judgement>,
 }
 
 /// Without enough traffic to judge for this many observation periods, the canary is rolled back: an
@@ -215,7 +304,13 @@ impl Canary {
     pub fn start(plan: CanaryPlan, now_ms: u64) -> Result<(Canary, Action), CanaryError> {
         plan.validate()?;
         let action = Action::Push { routers: plan.canary.clone(), spec: plan.candidate.clone() };
-        let mut canary = Canary { plan, phase: Phase::CanaryPushing, applied: Vec::new(), log: Vec::new() };
+        let mut canary = Canary {
+            plan,
+            phase: Phase::CanaryPushing,
+            applied: Vec::new(),
+            log: Vec::new(),
+            judgement: None,
+        };
         let detail = format!(
             "pushing {} to canary {}; baseline {}",
             canary.plan.candidate.policy,
@@ -286,19 +381,25 @@ impl Canary {
         self.roll_back(format!("the canary push failed: {}", failures.join("; ")), now_ms)
     }
 
+    /// The last observation's judgement, if one was made.
+    pub fn judgement(&self) -> Option<&Judgement> {
+        self.judgement.as_ref()
+    }
+
     /// Reports both sides' figures; judges the guards and decides to keep watching, promote or roll back.
     pub fn on_observation(&mut self, canary: &SideWindow, baseline: &SideWindow, now_ms: u64) -> Action {
         let Phase::Observing { since_ms } = self.phase else { return self.idle_action() };
-        let guards = &self.plan.guards;
-        let judged = canary.requests >= guards.min_requests && baseline.requests >= guards.min_requests;
-        if judged && let Some(reason) = crossed_guard(guards, canary, baseline) {
+        let judgement = judge(&self.plan.guards, canary, baseline);
+        let verdict = judgement.verdict.clone();
+        self.judgement = Some(judgement);
+        if let Verdict::Crossed { reason } = verdict {
             return self.roll_back(reason, now_ms);
         }
         let watched = now_ms.saturating_sub(since_ms);
         if watched < self.plan.observe_ms {
             return Action::Observe;
         }
-        if judged {
+        if verdict == Verdict::Holding {
             self.phase = Phase::Promoting;
             self.record(
                 now_ms,
@@ -311,13 +412,11 @@ impl Canary {
             );
             return Action::Push { routers: self.plan.baseline.clone(), spec: self.plan.candidate.clone() };
         }
-        if watched >= self.plan.observe_ms.saturating_mul(MAX_UNJUDGED_PERIODS) {
+        if let Verdict::NotEnoughData { missing } = verdict
+            && watched >= self.plan.observe_ms.saturating_mul(MAX_UNJUDGED_PERIODS)
+        {
             return self.roll_back(
-                format!(
-                    "not enough traffic to judge after {watched} ms (canary {} and baseline {} requests, \
-                     {} needed on each side)",
-                    canary.requests, baseline.requests, guards.min_requests
-                ),
+                format!("not enough data to judge after {watched} ms: {}", missing.join("; ")),
                 now_ms,
             );
         }
@@ -397,40 +496,142 @@ impl Canary {
     }
 }
 
-/// The first guard the canary crosses against the baseline, as a sentence.
-fn crossed_guard(guards: &Guards, canary: &SideWindow, baseline: &SideWindow) -> Option<String> {
-    if let (Some(canary_p95), Some(baseline_p95)) = (canary.ttft_p95_s, baseline.ttft_p95_s)
-        && baseline_p95 > 0.0
-        && canary_p95 > guards.max_ttft_p95_ratio * baseline_p95
-        && (canary_p95 - baseline_p95) * 1e3 >= guards.min_ttft_p95_increase_ms
-    {
-        return Some(format!(
-            "canary TTFT p95 {:.0} ms is {:.2}x the baseline's {:.0} ms (limit {:.2}x and +{:.0} ms)",
-            canary_p95 * 1e3,
-            canary_p95 / baseline_p95,
-            baseline_p95 * 1e3,
-            guards.max_ttft_p95_ratio,
-            guards.min_ttft_p95_increase_ms
+/// Judges one observation: each guard's reading and the verdict. A crossed guard wins over missing data
+/// elsewhere (a canary failing every request has no TTFT to compare, and must still roll back).
+pub fn judge(guards: &Guards, canary: &SideWindow, baseline: &SideWindow) -> Judgement {
+    let mut readings = Vec::new();
+    let mut crossed = Vec::new();
+    let mut missing = Vec::new();
+    let ms = |s: Option<f64>| s.map(|s| s * 1e3);
+    if canary.requests < guards.min_requests || baseline.requests < guards.min_requests {
+        missing.push(format!(
+            "too few requests (canary {}, baseline {}; {} needed on each side)",
+            canary.requests, baseline.requests, guards.min_requests
         ));
+        // Too few to judge any guard fairly: report the figures, judge nothing.
+        for (guard, c, b) in [
+            ("ttft_p95", ms(canary.ttft_p95_s), ms(baseline.ttft_p95_s)),
+            ("error_rate", canary.error_rate(), baseline.error_rate()),
+            ("hit_rate", canary.hit_rate, baseline.hit_rate),
+        ] {
+            readings.push(reading(guard, c, b, "not_enough_data", "too few requests".to_owned()));
+        }
+        return Judgement { verdict: Verdict::NotEnoughData { missing }, readings };
     }
-    if let (Some(canary_hit), Some(baseline_hit)) = (canary.hit_rate, baseline.hit_rate)
-        && baseline_hit - canary_hit > guards.max_hit_rate_drop
-    {
-        return Some(format!(
-            "canary hit rate {:.1}% is {:.1} points below the baseline's {:.1}% (limit {:.1})",
-            canary_hit * 100.0,
-            (baseline_hit - canary_hit) * 100.0,
-            baseline_hit * 100.0,
-            guards.max_hit_rate_drop * 100.0
+
+    // Errors: judged whenever there are requests.
+    let (c_err, b_err) = (canary.error_rate().unwrap_or(0.0), baseline.error_rate().unwrap_or(0.0));
+    let limit = format!(
+        "limit {:.2}x and +{:.1} points",
+        guards.max_error_rate_ratio,
+        guards.min_error_rate_increase * 100.0
+    );
+    if c_err > guards.max_error_rate_ratio * b_err && c_err - b_err >= guards.min_error_rate_increase {
+        crossed.push(format!(
+            "canary error rate {:.1}% ({} of {}) against the baseline's {:.1}% ({limit})",
+            c_err * 100.0,
+            canary.errors,
+            canary.requests,
+            b_err * 100.0
         ));
+        readings.push(reading("error_rate", Some(c_err), Some(b_err), "crossed", limit));
+    } else {
+        readings.push(reading("error_rate", Some(c_err), Some(b_err), "ok", limit));
     }
-    None
+
+    // TTFT of successful answers.
+    match (canary.ttft_p95_s, baseline.ttft_p95_s) {
+        (Some(c), Some(b)) => {
+            let limit = format!(
+                "limit {:.2}x and +{:.0} ms",
+                guards.max_ttft_p95_ratio, guards.min_ttft_p95_increase_ms
+            );
+            if b > 0.0
+                && c > guards.max_ttft_p95_ratio * b
+                && (c - b) * 1e3 >= guards.min_ttft_p95_increase_ms
+            {
+                crossed.push(format!(
+                    "canary TTFT p95 {:.0} ms is {:.2}x the baseline's {:.0} ms ({limit})",
+                    c * 1e3,
+                    c / b,
+                    b * 1e3
+                ));
+                readings.push(reading("ttft_p95", Some(c * 1e3), Some(b * 1e3), "crossed", limit));
+            } else {
+                readings.push(reading("ttft_p95", Some(c * 1e3), Some(b * 1e3), "ok", limit));
+            }
+        }
+        (c, b) => {
+            let sides: Vec<&str> = [("canary", c), ("baseline", b)]
+                .into_iter()
+                .filter(|(_, v)| v.is_none())
+                .map(|(n, _)| n)
+                .collect();
+            let what = format!("no successful answer with a first token on the {}", sides.join(" and "));
+            missing.push(what.clone());
+            readings.push(reading("ttft_p95", ms(c), ms(b), "not_enough_data", what));
+        }
+    }
+
+    // Hit rate.
+    match (canary.hit_rate, baseline.hit_rate) {
+        (Some(c), Some(b)) => {
+            let limit = format!("limit -{:.1} points", guards.max_hit_rate_drop * 100.0);
+            if b - c > guards.max_hit_rate_drop {
+                crossed.push(format!(
+                    "canary hit rate {:.1}% is {:.1} points below the baseline's {:.1}% ({limit})",
+                    c * 100.0,
+                    (b - c) * 100.0,
+                    b * 100.0
+                ));
+                readings.push(reading("hit_rate", Some(c), Some(b), "crossed", limit));
+            } else {
+                readings.push(reading("hit_rate", Some(c), Some(b), "ok", limit));
+            }
+        }
+        (c, b) => {
+            let sides: Vec<&str> = [("canary", c), ("baseline", b)]
+                .into_iter()
+                .filter(|(_, v)| v.is_none())
+                .map(|(n, _)| n)
+                .collect();
+            let what = format!(
+                "no cached-token reports from the {} replicas, so the hit rate cannot be judged",
+                sides.join(" and ")
+            );
+            if guards.require_hit_rate {
+                missing.push(what.clone());
+                readings.push(reading("hit_rate", c, b, "not_enough_data", what));
+            } else {
+                readings.push(reading("hit_rate", c, b, "ok", format!("not judged (not required): {what}")));
+            }
+        }
+    }
+
+    let verdict = if !crossed.is_empty() {
+        Verdict::Crossed { reason: crossed.join("; ") }
+    } else if !missing.is_empty() {
+        Verdict::NotEnoughData { missing }
+    } else {
+        Verdict::Holding
+    };
+    Judgement { verdict, readings }
+}
+
+fn reading(
+    guard: &str,
+    canary: Option<f64>,
+    baseline: Option<f64>,
+    state: &str,
+    detail: String,
+) -> GuardReading {
+    GuardReading { guard: guard.to_owned(), canary, baseline, state: state.to_owned(), detail }
 }
 
 fn summary(side: &SideWindow) -> String {
     let p95 = side.ttft_p95_s.map_or("-".to_owned(), |s| format!("{:.0} ms", s * 1e3));
     let hit = side.hit_rate.map_or("-".to_owned(), |h| format!("{:.1}%", h * 100.0));
-    format!("{} requests, TTFT p95 {p95}, hit {hit}", side.requests)
+    format!("{} requests, {} errors, TTFT p95 {p95}, hit {hit}", side.requests, side.errors)
 }
 
 fn describe(outcome: &PushOutcome) -> String {
@@ -477,7 +678,7 @@ mod tests {
     }
 
     fn side(requests: u64, p95: f64, hit: f64) -> SideWindow {
-        SideWindow { requests, ttft_p95_s: Some(p95), hit_rate: Some(hit) }
+        SideWindow { requests, errors: 0, ttft_p95_s: Some(p95), hit_rate: Some(hit) }
     }
 
     #[test]
@@ -503,6 +704,7 @@ mod tests {
         assert_eq!(action, Action::Rollback { routers: vec!["a".into()] });
         let Phase::RollingBack { reason } = canary.phase().clone() else { panic!("{:?}", canary.phase()) };
         assert!(reason.contains("2.50x") && reason.contains("limit 1.25x"), "{reason}");
+        assert_eq!(canary.judgement().map(|j| j.verdict.name()), Some("crossed"));
         assert_eq!(canary.on_rollback_outcomes(&applied(&["a"]), 400), Action::Finished);
         assert!(matches!(canary.phase(), Phase::RolledBack { .. }));
         assert!(canary.applied().is_empty());
@@ -536,6 +738,166 @@ mod tests {
         assert_eq!(canary.on_observation(&side(3, 0.2, 0.6), &side(3, 0.2, 0.6), 1_500), Action::Observe);
         let action = canary.on_observation(&side(3, 0.2, 0.6), &side(3, 0.2, 0.6), 3_000);
         assert_eq!(action, Action::Rollback { routers: vec!["a".into()] });
+    }
+
+    /// `(requests, errors, ttft p95 ms, hit rate)` of one side; `None` where nothing was measured.
+    fn w(requests: u64, errors: u64, p95_ms: Option<f64>, hit: Option<f64>) -> SideWindow {
+        SideWindow { requests, errors, ttft_p95_s: p95_ms.map(|ms| ms / 1e3), hit_rate: hit }
+    }
+
+    #[test]
+    fn every_guard_is_judged_from_the_figures_as_the_table_says() {
+        let strict_hit = Guards::default();
+        let lax_hit = Guards { require_hit_rate: false, ..Guards::default() };
+        // (case, guards, canary, baseline, verdict, words the verdict or its missing list holds)
+        let cases: Vec<(&str, &Guards, SideWindow, SideWindow, &str, &str)> = vec![
+            (
+                "equal sides hold",
+                &strict_hit,
+                w(100, 0, Some(200.0), Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "holding",
+                "",
+            ),
+            (
+                "too few canary requests",
+                &strict_hit,
+                w(49, 49, None, None),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "not_enough_data",
+                "too few requests (canary 49",
+            ),
+            (
+                "errors: 10% against none",
+                &strict_hit,
+                w(100, 10, Some(200.0), Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "crossed",
+                "error rate 10.0% (10 of 100)",
+            ),
+            (
+                "errors: 1% against none is noise",
+                &strict_hit,
+                w(100, 1, Some(200.0), Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "holding",
+                "",
+            ),
+            (
+                "errors: 5% against 4% is within the ratio",
+                &strict_hit,
+                w(100, 5, Some(200.0), Some(0.5)),
+                w(100, 4, Some(200.0), Some(0.5)),
+                "holding",
+                "",
+            ),
+            (
+                "errors: every request failed, so no TTFT, still crossed",
+                &strict_hit,
+                w(100, 100, None, None),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "crossed",
+                "error rate 100.0%",
+            ),
+            (
+                "TTFT 2.5x and +300 ms",
+                &strict_hit,
+                w(100, 0, Some(500.0), Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "crossed",
+                "TTFT p95 500 ms is 2.50x",
+            ),
+            (
+                "TTFT 1.7x but +7 ms is noise",
+                &strict_hit,
+                w(100, 0, Some(17.0), Some(0.5)),
+                w(100, 0, Some(10.0), Some(0.5)),
+                "holding",
+                "",
+            ),
+            (
+                "no successful answer on the canary",
+                &strict_hit,
+                w(100, 1, None, Some(0.5)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "not_enough_data",
+                "no successful answer with a first token on the canary",
+            ),
+            (
+                "hit rate 20 points lower",
+                &strict_hit,
+                w(100, 0, Some(200.0), Some(0.3)),
+                w(100, 0, Some(200.0), Some(0.5)),
+                "crossed",
+                "20.0 points below",
+            ),
+            (
+                "hit rate unknown on both sides",
+                &strict_hit,
+                w(100, 0, Some(200.0), None),
+                w(100, 0, Some(200.0), None),
+                "not_enough_data",
+                "no cached-token reports from the canary and baseline replicas",
+            ),
+            (
+                "hit rate unknown but not required",
+                &lax_hit,
+                w(100, 0, Some(200.0), None),
+                w(100, 0, Some(200.0), None),
+                "holding",
+                "",
+            ),
+            (
+                "a crossed guard wins over missing data",
+                &strict_hit,
+                w(100, 0, Some(900.0), None),
+                w(100, 0, Some(200.0), None),
+                "crossed",
+                "TTFT",
+            ),
+        ];
+        for (case, guards, canary, baseline, verdict, words) in cases {
+            let judgement = judge(guards, &canary, &baseline);
+            assert_eq!(judgement.verdict.name(), verdict, "{case}: {judgement:?}");
+            let said = match &judgement.verdict {
+                Verdict::Holding => String::new(),
+                Verdict::NotEnoughData { missing } => missing.join("; "),
+                Verdict::Crossed { reason } => reason.clone(),
+            };
+            assert!(said.contains(words), "{case}: {said:?} lacks {words:?}");
+            let guards_read: Vec<&str> = judgement.readings.iter().map(|r| r.guard.as_str()).collect();
+            assert_eq!(guards_read.len(), 3, "{case}: every guard reads: {guards_read:?}");
+        }
+    }
+
+    #[test]
+    fn without_cached_token_reports_the_canary_is_not_promoted_and_says_why() {
+        let (mut canary, _) = Canary::start(plan(), 0).unwrap();
+        canary.on_push_outcomes(&applied(&["a"]), 0);
+        let blind = w(200, 0, Some(100.0), None);
+        assert_eq!(canary.on_observation(&blind, &blind, 1_500), Action::Observe, "observation time is up");
+        assert_eq!(canary.judgement().map(|j| j.verdict.name()), Some("not_enough_data"));
+        assert!(matches!(canary.phase(), Phase::Observing { .. }));
+        let action = canary.on_observation(&blind, &blind, 3_000);
+        assert_eq!(action, Action::Rollback { routers: vec!["a".into()] });
+        let Phase::RollingBack { reason } = canary.phase() else { panic!("{:?}", canary.phase()) };
+        assert!(reason.contains("not enough data") && reason.contains("cached-token"), "{reason}");
+        // The operator who knows the engines never report cached tokens may promote on the rest.
+        let mut lax = plan();
+        lax.guards.require_hit_rate = false;
+        let (mut canary, _) = Canary::start(lax, 0).unwrap();
+        canary.on_push_outcomes(&applied(&["a"]), 0);
+        assert!(matches!(canary.on_observation(&blind, &blind, 1_500), Action::Push { .. }));
+    }
+
+    #[test]
+    fn error_guards_are_validated() {
+        let mut bad = plan();
+        bad.guards.max_error_rate_ratio = 0.5;
+        assert!(Canary::start(bad, 0).unwrap_err().to_string().contains("max_error_rate_ratio"));
+        let mut bad = plan();
+        bad.guards.min_error_rate_increase = 2.0;
+        assert!(Canary::start(bad, 0).unwrap_err().to_string().contains("min_error_rate_increase"));
     }
 
     #[test]

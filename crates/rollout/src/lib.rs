@@ -15,7 +15,10 @@ pub mod diff;
 pub mod push;
 pub mod store;
 
-pub use canary::{Action, Canary, CanaryError, CanaryPlan, Guards, Phase, SideWindow, Step};
+pub use canary::{
+    Action, Canary, CanaryError, CanaryPlan, GuardReading, Guards, Judgement, Phase, SideWindow, Step,
+    Verdict, judge,
+};
 pub use diff::{ParamChange, SpecDiff, effective_params, spec_diff};
 pub use push::{Drift, PushOutcome, drift};
 pub use store::{Lag, StoreDrift, StoreReport, store_drift, watched_keys};

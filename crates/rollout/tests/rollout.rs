@@ -12,8 +12,14 @@ enum Event {
 }
 
 fn side() -> impl Strategy<Value = SideWindow> {
-    (0u64..200, proptest::option::of(0.01f64..2.0), proptest::option::of(0.0f64..1.0))
-        .prop_map(|(requests, ttft_p95_s, hit_rate)| SideWindow { requests, ttft_p95_s, hit_rate })
+    (0u64..200, 0u64..30, proptest::option::of(0.01f64..2.0), proptest::option::of(0.0f64..1.0)).prop_map(
+        |(requests, errors, ttft_p95_s, hit_rate)| SideWindow {
+            requests,
+            errors: errors.min(requests),
+            ttft_p95_s,
+            hit_rate,
+        },
+    )
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -46,7 +52,16 @@ fn crosses(guards: &Guards, canary: &SideWindow, baseline: &SideWindow) -> bool 
             && (c - b) * 1e3 >= guards.min_ttft_p95_increase_ms);
     let cold = matches!((canary.hit_rate, baseline.hit_rate),
         (Some(c), Some(b)) if b - c > guards.max_hit_rate_drop);
-    slow || cold
+    let rate =
+        |side: &SideWindow| if side.requests == 0 { 0.0 } else { side.errors as f64 / side.requests as f64 };
+    let failing = rate(canary) > guards.max_error_rate_ratio * rate(baseline)
+        && rate(canary) - rate(baseline) >= guards.min_error_rate_increase;
+    slow || cold || failing
+}
+
+/// Every guard has its figures on both sides (anything less is "not enough data").
+fn complete(canary: &SideWindow, baseline: &SideWindow) -> bool {
+    [canary, baseline].iter().all(|side| side.ttft_p95_s.is_some() && side.hit_rate.is_some())
 }
 
 proptest! {
@@ -75,6 +90,7 @@ proptest! {
                         // Promotion: judged, within the guards, after the whole observation time.
                         prop_assert_eq!(routers, &vec!["c".to_string()]);
                         prop_assert!(judged && !crosses(&guards, &c, &b));
+                        prop_assert!(complete(&c, &b), "promoted without every guard judged: {:?} {:?}", c, b);
                         prop_assert!(now - observing_since.unwrap() >= 1_000);
                     }
                     if judged && crosses(&guards, &c, &b) {

@@ -196,12 +196,34 @@ fn version_conflict(current_version: u64) -> Response {
     )
 }
 
-async fn rollback_policy(State(state): State<Arc<RouterState>>) -> Response {
+/// `POST /admin/policy/rollback`, with an optional `If-Match: "VERSION"`: then only while that version is
+/// in force (409 `version_conflict` otherwise), so undoing a change never undoes a later one.
+async fn rollback_policy(State(state): State<Arc<RouterState>>, headers: HeaderMap) -> Response {
     if let Some(refusal) = policy_from_store(&state) {
         return refusal;
     }
-    match state.rollback_policy().await {
+    let expected = match headers.get(header::IF_MATCH).map(|value| value.to_str().map(str::trim)) {
+        None => None,
+        Some(Ok(text)) => match text.trim_start_matches("W/").trim_matches('"').parse::<u64>() {
+            Ok(version) => Some(version),
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_if_match",
+                    &format!(
+                        "If-Match {text:?} is not a policy version; send the version to undo, e.g. \"3\""
+                    ),
+                    json!({}),
+                );
+            }
+        },
+        Some(Err(_)) => {
+            return error(StatusCode::BAD_REQUEST, "bad_if_match", "If-Match is not text", json!({}));
+        }
+    };
+    match state.rollback_policy_if(expected).await {
         Ok(version) => policy_response(StatusCode::OK, &version),
+        Err(PolicyChangeError::VersionConflict { current_version }) => version_conflict(current_version),
         Err(PolicyChangeError::NoPreviousVersion) => error(
             StatusCode::CONFLICT,
             "no_previous_version",

@@ -214,7 +214,7 @@ pub async fn forward(
                 ticket.first_token();
                 let first_byte = started.elapsed();
                 replica.first_byte.observe(first_byte);
-                let ttft_ms = first_byte.as_secs_f64() * 1e3;
+                let first_byte_ms = first_byte.as_secs_f64() * 1e3;
                 let attempts_urls = if tried.len() > 1 { urls_of(&fleet, &tried) } else { Vec::new() };
                 // Committed: no more retries, so the ticket's view of the request moves into the trace.
                 let view = std::mem::take(&mut ticket.view);
@@ -227,7 +227,7 @@ pub async fn forward(
                     &replica,
                     &decision,
                     policy_version,
-                    ttft_ms,
+                    Some(first_byte_ms),
                 );
                 let branch = decision.branch;
                 state.remember_decision(
@@ -245,7 +245,7 @@ pub async fn forward(
                     first_block,
                     replica.id,
                 );
-                return relay(ticket, replica, upstream, trace, branch, policy_version);
+                return relay(ticket, replica, upstream, trace, branch, policy_version, started);
             }
             Err(error) => {
                 last_error = error;
@@ -273,6 +273,22 @@ pub async fn forward(
     // every replica tried. Not in the prefix heat: nothing was served.
     let tried_urls = urls_of(&fleet, &tried);
     let replica = tried_urls.last().cloned().unwrap_or_default();
+    // And in the recorded traffic, as a 502 with no first token: a canary judges its error rate from it.
+    if let Some(last) = fleet.replica(current) {
+        let mut failed = trace_record(
+            std::mem::take(&mut ticket.view),
+            &input.model,
+            input.block_tokens,
+            arrival_ms,
+            last,
+            &decision,
+            policy_version,
+            None,
+        );
+        failed.status = Some(502);
+        failed.error = Some("no_replica".to_owned());
+        state.recorder.record(failed);
+    }
     state.remember_decision(
         DecisionRecord {
             ts_ms: arrival_ms,
@@ -393,7 +409,7 @@ fn trace_record(
     replica: &Replica,
     decision: &Decision,
     policy_version: u64,
-    ttft_ms: f64,
+    first_byte_ms: Option<f64>,
 ) -> TraceRecord {
     TraceRecord {
         timestamp: arrival_ms,
@@ -408,8 +424,11 @@ fn trace_record(
         policy: Some(decision.policy.clone()),
         policy_version: Some(policy_version),
         cached_tokens: None,
-        ttft_ms: Some(ttft_ms),
+        // Set when a chunk carrying a token passes (`Finish`).
+        ttft_ms: None,
+        first_byte_ms,
         status: None,
+        error: None,
     }
 }
 
@@ -450,12 +469,16 @@ impl Drop for Ticket {
     }
 }
 
-/// Reads token counts out of response bytes as they pass (usage fields, else SSE data events).
+/// Reads token counts out of response bytes as they pass (usage fields, else SSE data events), and notices
+/// the first generated content and error events.
 #[derive(Debug, Default)]
 struct UsageSniffer {
     completion_tokens: Option<u32>,
     cached_tokens: Option<u32>,
     token_chunks: u32,
+    /// An SSE error event passed (`data: {"error": ...}` or `"object":"error"`, as vLLM and SGLang send when
+    /// a generation fails after the stream began).
+    error_event: bool,
 }
 
 /// The byte patterns the sniffer looks for, with their searchers built once (building one costs more
@@ -464,6 +487,9 @@ struct UsagePatterns {
     completion_tokens: Finder<'static>,
     cached_tokens: Finder<'static>,
     open_chunk: Finder<'static>,
+    /// Keys whose non-empty string value is generated output (chat deltas and messages, completions).
+    content: [Finder<'static>; 3],
+    error_event: [Finder<'static>; 3],
 }
 
 static USAGE_PATTERNS: LazyLock<UsagePatterns> = LazyLock::new(|| UsagePatterns {
@@ -471,10 +497,21 @@ static USAGE_PATTERNS: LazyLock<UsagePatterns> = LazyLock::new(|| UsagePatterns 
     cached_tokens: Finder::new(b"\"cached_tokens\":"),
     // Each streamed token chunk is still open (`"finish_reason":null`); the closing chunk is not.
     open_chunk: Finder::new(b"\"finish_reason\":null"),
+    content: [
+        Finder::new(b"\"content\":\""),
+        Finder::new(b"\"text\":\""),
+        Finder::new(b"\"reasoning_content\":\""),
+    ],
+    error_event: [
+        Finder::new(b"data: {\"error\""),
+        Finder::new(b"data:{\"error\""),
+        Finder::new(b"\"object\":\"error\""),
+    ],
 });
 
 impl UsageSniffer {
-    fn scan(&mut self, chunk: &[u8]) {
+    /// Reads one chunk; true when it carries generated content (a token).
+    fn scan(&mut self, chunk: &[u8]) -> bool {
         let patterns = &*USAGE_PATTERNS;
         if let Some(value) = number_after(chunk, &patterns.completion_tokens) {
             self.completion_tokens = Some(value);
@@ -484,6 +521,13 @@ impl UsageSniffer {
         }
         let open = patterns.open_chunk.find_iter(chunk).count();
         self.token_chunks = self.token_chunks.saturating_add(u32::try_from(open).unwrap_or(u32::MAX));
+        if patterns.error_event.iter().any(|pattern| pattern.find(chunk).is_some()) {
+            self.error_event = true;
+        }
+        patterns.content.iter().any(|key| {
+            // A key followed by a non-empty string: `"content":""` is a role-only or closing chunk.
+            key.find_iter(chunk).any(|at| chunk.get(at + key.needle().len()).is_some_and(|&b| b != b'"'))
+        })
     }
 
     fn output_tokens(&self) -> u32 {
@@ -517,6 +561,16 @@ struct Finish {
     trace: TraceRecord,
     usage: UsageSniffer,
     broken: bool,
+    /// When the request arrived, for its time to first token.
+    started: Instant,
+}
+
+impl Finish {
+    fn scan(&mut self, chunk: &[u8]) {
+        if self.usage.scan(chunk) && self.trace.ttft_ms.is_none() {
+            self.trace.ttft_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
+        }
+    }
 }
 
 impl Drop for Finish {
@@ -533,6 +587,11 @@ impl Drop for Finish {
         trace.output_length = self.usage.output_tokens();
         trace.cached_tokens = self.usage.cached_tokens;
         trace.status = Some(status);
+        if self.broken {
+            trace.error = Some("stream_broken".to_owned());
+        } else if self.usage.error_event {
+            trace.error = Some("stream_error".to_owned());
+        }
         state.recorder.record(trace);
     }
 }
@@ -546,7 +605,7 @@ impl Stream for RelayBody {
         }
         if let Some(first) = self.first.take() {
             if let Some(finish) = &mut self.finish {
-                finish.usage.scan(&first);
+                finish.scan(&first);
             }
             return Poll::Ready(Some(Ok(first)));
         }
@@ -554,7 +613,7 @@ impl Stream for RelayBody {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(chunk))) => {
                 if let Some(finish) = &mut self.finish {
-                    finish.usage.scan(&chunk);
+                    finish.scan(&chunk);
                 }
                 Poll::Ready(Some(Ok(chunk)))
             }
@@ -593,17 +652,19 @@ fn relay(
     trace: TraceRecord,
     branch: Branch,
     policy_version: u64,
+    started: Instant,
 ) -> Response {
     let Committed { status, content_type, complete, first, rest } = upstream;
     let request_id = ticket.request_id;
     let is_sse = content_type.as_ref().is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let url = replica.url_header.clone();
-    let mut finish = Finish { ticket, replica, status, trace, usage: UsageSniffer::default(), broken: false };
+    let mut finish =
+        Finish { ticket, replica, status, trace, usage: UsageSniffer::default(), broken: false, started };
     let body = if complete && !is_sse {
         // The whole answer is here (a non-streaming completion, an error): send it sized, in one
         // write, and finish the request now rather than when the client has read it.
         let whole = first.unwrap_or_default();
-        finish.usage.scan(&whole);
+        finish.scan(&whole);
         drop(finish);
         Body::from(whole)
     } else {
@@ -643,7 +704,33 @@ mod tests {
         whole.scan(br#"{"usage":{"prompt_tokens":9,"completion_tokens": 40,"prompt_tokens_details":{"cached_tokens":16}}}"#);
         assert_eq!((whole.output_tokens(), whole.cached_tokens), (40, Some(16)));
         let mut nothing = UsageSniffer::default();
+        assert!(!nothing.error_event);
         nothing.scan(br#"{"usage":{"completion_tokens": null},"choices":[{"finish_reason":null},{"finish_reason":null}]}"#);
         assert_eq!((nothing.completion_tokens, nothing.output_tokens()), (None, 2));
+    }
+
+    #[test]
+    fn the_first_token_is_a_chunk_with_content_and_error_events_are_noticed() {
+        let cases: [(&[u8], bool, bool); 8] = [
+            // (chunk, carries a token, is an error event)
+            (
+                br#"data: {"choices":[{"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+                false,
+                false,
+            ),
+            (br#"data: {"choices":[{"delta":{"role":"assistant"},"finish_reason":null}]}"#, false, false),
+            (br#"data: {"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}"#, true, false),
+            (br#"data: {"choices":[{"text":" the","finish_reason":null}]}"#, true, false),
+            (br#"{"choices":[{"message":{"role":"assistant","content":"a b c"}}]}"#, true, false),
+            (br#"data: {"error": {"message": "engine died", "code": 503}}"#, false, true),
+            (br#"data: {"object":"error","message":"bad","code":500}"#, false, true),
+            (br#"{"error":{"message":"no such model","code":404}}"#, false, false),
+        ];
+        for (chunk, token, error) in cases {
+            let mut sniffer = UsageSniffer::default();
+            let text = String::from_utf8_lossy(chunk);
+            assert_eq!(sniffer.scan(chunk), token, "token in {text}");
+            assert_eq!(sniffer.error_event, error, "error event in {text}");
+        }
     }
 }

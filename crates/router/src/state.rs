@@ -513,8 +513,22 @@ impl RouterState {
 
     /// Makes the spec in force before the current version the new version.
     pub async fn rollback_policy(&self) -> Result<Arc<PolicyVersion>, PolicyChangeError> {
+        self.rollback_policy_if(None).await
+    }
+
+    /// Rolls back only while `expected_version` (when given) is in force: a rollback meant to undo a
+    /// change must not undo whatever someone put in force after it.
+    pub async fn rollback_policy_if(
+        &self,
+        expected_version: Option<u64>,
+    ) -> Result<Arc<PolicyVersion>, PolicyChangeError> {
         let mut admin = self.admin.lock().await;
         let current = self.policy.load_full();
+        if let Some(expected) = expected_version
+            && current.version != expected
+        {
+            return Err(PolicyChangeError::VersionConflict { current_version: current.version });
+        }
         let previous = current
             .previous
             .and_then(|version| admin.history.iter().find(|v| v.version == version).cloned())

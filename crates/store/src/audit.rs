@@ -125,7 +125,7 @@ impl Store {
         sqlx::query("INSERT OR IGNORE INTO fleets (name, created_ms) VALUES (?, ?)")
             .bind(name)
             .bind(now_ms)
-            .execute(&self.pool)
+            .execute(&self.audit_pool)
             .await?;
         self.fleet_id(name).await
     }
@@ -147,7 +147,7 @@ impl Store {
         .bind(model)
         .bind(now_ms)
         .bind(fleet_id)
-        .execute(&self.pool)
+        .execute(&self.audit_pool)
         .await?;
         Ok(())
     }
@@ -170,7 +170,7 @@ impl Store {
         .bind(fleet_id)
         .bind(url)
         .bind(token_path)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.audit_pool)
         .await?)
     }
 
@@ -197,7 +197,7 @@ impl Store {
     /// Records a new policy version and the routers it is meant for, in one transaction.
     pub async fn record_policy_version(&self, version: &NewPolicyVersion<'_>) -> Result<i64, StoreError> {
         let fleet_id = self.fleet_id(version.fleet).await?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.audit_pool.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO policy_versions (fleet_id, label, spec, created_ms, author) VALUES (?, ?, ?, ?, ?)
              ON CONFLICT (label) DO NOTHING",
@@ -277,7 +277,7 @@ impl Store {
         outcome: &PushOutcome,
     ) -> Result<i64, StoreError> {
         let (version_id, _) = self.policy_id(label).await?;
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.audit_pool.acquire().await?;
         let router_id = self.router_id(&mut conn, router_url).await?;
         let (ok, acked, error) = match outcome {
             PushOutcome::Acknowledged { acked_label } => (true, Some(acked_label.as_str()), None),
@@ -361,7 +361,7 @@ impl Store {
         .bind(annotation.kind.as_str())
         .bind(annotation.author)
         .bind(annotation.text)
-        .execute(&self.pool)
+        .execute(&self.audit_pool)
         .await?
         .last_insert_rowid())
     }

@@ -83,9 +83,19 @@ pub struct SampleRow {
 }
 
 /// A handle to the history database; cheap to clone.
+///
+/// Two pools over the one file: samples (and every read) go through `pool`, whose connections commit with
+/// `synchronous=NORMAL` (in WAL mode durable across an application crash; an OS crash or power cut may
+/// lose the last rounds, which telemetry can afford). The audit trail (fleets, routers, policy versions,
+/// pushes, annotations) is written through `audit_pool`, one connection with `synchronous=FULL`, so an
+/// acknowledged change of the fleet's policy survives a power cut too. `synchronous` is a per-connection
+/// setting that cannot change inside a transaction, so a connection of its own is the one way to give
+/// audit commits FULL without slowing every sample round (and it syncs the WAL up to its commit, samples
+/// before it included).
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: SqlitePool,
+    audit_pool: SqlitePool,
     /// Replica ids by (url, model), filled only after the transaction that created them
     /// committed, so a rolled-back batch cannot leave a dangling id behind.
     replica_ids: Arc<Mutex<HashMap<(String, String), i64>>>,
@@ -113,13 +123,24 @@ impl Store {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true);
+        let audit_options = options.clone().synchronous(SqliteSynchronous::Full);
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options)
             .await
             .map_err(|source| StoreError::Open { path: shown.clone(), source })?;
-        MIGRATOR.run(&pool).await.map_err(|source| StoreError::Migrate { path: shown, source })?;
-        Ok(Self { pool, replica_ids: Arc::default() })
+        MIGRATOR.run(&pool).await.map_err(|source| StoreError::Migrate { path: shown.clone(), source })?;
+        let audit_pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(audit_options)
+            .await
+            .map_err(|source| StoreError::Open { path: shown, source })?;
+        Ok(Self { pool, audit_pool, replica_ids: Arc::default() })
+    }
+
+    /// The pool audit rows are written through (`synchronous=FULL`), for tests that check it.
+    pub fn audit_pool(&self) -> &SqlitePool {
+        &self.audit_pool
     }
 
     /// The connection pool, for diagnostics and tests that inspect the schema.

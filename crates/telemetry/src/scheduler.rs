@@ -5,8 +5,11 @@
 //! Every target runs as its own small task that sleeps until it is due, so a slow or dead
 //! target never delays another; a shared semaphore bounds sockets and CPU bursts. Targets start
 //! spread evenly over their first interval rather than all at once. Each scrape's outcome is
-//! also sent as an [`Observation`] for whoever stores history.
+//! also sent as an [`Observation`] for whoever stores history, without waiting: a consumer that
+//! falls behind (a slow database) loses observations, counted in [`Scheduler::dropped_observations`],
+//! and never holds up a scrape.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -41,7 +44,8 @@ pub struct SchedulerConfig {
     pub max_backoff: Duration,
     /// Span over which rates, hit rates and quantiles are computed.
     pub window: Duration,
-    /// Queued observations before scraping waits for their consumer.
+    /// Queued observations before new ones are dropped (and counted): scraping never waits for their
+    /// consumer.
     pub observation_queue: usize,
 }
 
@@ -93,6 +97,8 @@ struct Shared {
     targets: Vec<Mutex<TargetState>>,
     /// Origin of the monotonic seconds fed to the windows.
     origin: Instant,
+    /// Observations dropped because their queue was full.
+    dropped: AtomicU64,
 }
 
 impl Shared {
@@ -145,6 +151,7 @@ impl Scheduler {
                 })
                 .collect(),
             origin: Instant::now(),
+            dropped: AtomicU64::new(0),
         });
         let (observations, receiver) = mpsc::channel(config.observation_queue.max(1));
         let semaphore = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
@@ -177,6 +184,11 @@ impl Scheduler {
 
     pub fn len(&self) -> usize {
         self.shared.targets.len()
+    }
+
+    /// Observations dropped because their consumer fell behind (the scrapes themselves went on).
+    pub fn dropped_observations(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -262,8 +274,11 @@ impl TargetLoop {
             } else {
                 now + backoff(interval, failures, self.max_backoff)
             };
+            // Never wait for the consumer: a full queue costs this observation (counted), not the scrapes.
             // A dropped receiver only means nobody stores history.
-            let _ = self.observations.send(observation).await;
+            if let Err(mpsc::error::TrySendError::Full(_)) = self.observations.try_send(observation) {
+                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }

@@ -55,12 +55,23 @@ pub struct TraceRecord {
     /// Prompt tokens the replica reported as served from its cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u32>,
-    /// Time to first token seen by the router, in milliseconds.
+    /// Time to first token seen by the router, in milliseconds: until the first chunk that carried generated
+    /// content (an SSE event with a non-empty `content`/`text`, or a whole answer that has one). `None` when
+    /// no token came (an error answer, a stream that broke first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<f64>,
+    /// Time to the first byte of the replica's answer body, in milliseconds (an SSE stream may open with a
+    /// role-only chunk, and an error answer has a first byte but no token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_byte_ms: Option<f64>,
     /// HTTP status the client received.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    /// Why the answer failed although its status may say otherwise: `stream_broken` (the replica broke off
+    /// mid-stream and the router ended it with an error event), `stream_error` (the replica's stream carried
+    /// an error event), `no_replica` (every attempt failed; the client got a 502).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl TraceRecord {

@@ -121,6 +121,9 @@ pub fn FleetView(last_update: RwSignal<Option<i64>>) -> impl IntoView {
     view! {
         <section class="view fleet">
             <ErrorBanner error=error what="the fleet" />
+            {move || snapshot.with(|s| s.as_ref().and_then(|s| crate::format::history_banner(&s.history))).map(|text| view! {
+                <p class="banner banner-warn" data-testid="history-banner">{text}</p>
+            })}
             <div class="card">
                 <div class="card-head">
                     <h2>"Fleet overview"</h2>
@@ -208,6 +211,9 @@ fn summary(snapshot: RwSignal<Option<FleetSnapshot>>, visible: Memo<Vec<u32>>) -
         }
         if shown != n {
             text.push_str(&format!(" · {shown} shown"));
+        }
+        if !s.history.db_path.is_empty() {
+            text.push_str(&format!(" · history in {}", s.history.db_path));
         }
         text
     })

@@ -1,8 +1,11 @@
 //! Push (`#/push`): pick routers, see the diff against the version each runs, confirm; each
 //! router's outcome (applied version, refused with its reason, unreachable) from the routers'
 //! compare-and-swap; drift badges. The canary lives here too (`canary-panel`): push to some
-//! routers first, watch TTFT p95 and hit rate against the rest, promote or roll back by itself.
+//! routers first, watch TTFT p95 (first token, successful answers), error rate and hit rate against
+//! the rest, promote or roll back by itself. Its verdict ("holding", "not enough data", "crossed"),
+//! each guard's reading and every router that moved on from the reviewed version are shown.
 
+use fleetdeck_api::MovedRouter;
 use fleetdeck_api::{
     AbortCanaryArgs, ApiError, CMD_ABORT_CANARY, CMD_CANARY_STATUS, CMD_POLICY_EDITOR, CMD_PUSH_POLICY,
     CMD_START_CANARY, CanaryArgs, CanaryGuards, CanaryStatus, CanaryView, PolicyEditor, PushArgs, PushReport,
@@ -178,18 +181,25 @@ pub fn PushView() -> impl IntoView {
                     })}
                 </div>
             </div>
-            <CanaryPanel editor=editor text=text canary_chosen=canary_chosen />
+            <CanaryPanel editor=editor text=text canary_chosen=canary_chosen check=check />
         </section>
     }
 }
 
 fn side(f: &SideFigures) -> String {
+    let errors = if f.requests > 0 { Some(f.errors as f64 / f.requests as f64) } else { None };
     format!(
-        "{} requests · TTFT p95 {} · hit {}",
+        "{} requests · {} errors ({}) · TTFT p95 {} · hit {}",
         f.requests,
+        f.errors,
+        format::percent(errors),
         format::duration_s(f.ttft_p95_s),
         format::percent(f.hit_rate)
     )
+}
+
+fn moved_line(m: &MovedRouter) -> String {
+    format!("{} ({}): {}", m.url, m.step, m.message)
 }
 
 #[component]
@@ -197,6 +207,7 @@ fn CanaryPanel(
     editor: crate::app::Polled<PolicyEditor>,
     text: RwSignal<String>,
     canary_chosen: RwSignal<Vec<String>>,
+    check: RwSignal<Option<SpecCheck>>,
 ) -> impl IntoView {
     let status = poll::<_, CanaryView>(CMD_CANARY_STATUS, || json!({}), 1000.0);
     let observe_s = RwSignal::new("60".to_owned());
@@ -204,6 +215,9 @@ fn CanaryPanel(
     let increase_ms = RwSignal::new("50".to_owned());
     let drop = RwSignal::new("0.05".to_owned());
     let min_requests = RwSignal::new("50".to_owned());
+    let error_ratio = RwSignal::new("2".to_owned());
+    let error_increase = RwSignal::new("0.02".to_owned());
+    let require_hit = RwSignal::new(true);
     let error = RwSignal::new(None::<ApiError>);
 
     let start = move |_| {
@@ -217,6 +231,10 @@ fn CanaryPanel(
                 .parse::<f64>()
                 .map_err(|_| ApiError::new("bad_request", format!("{name} must be a number")))
         };
+        // Every change the canary makes is conditioned on the version the operator saw in the diff.
+        let diffs = check.with_untracked(|c| c.as_ref().map(|c| c.diffs.clone()).unwrap_or_default());
+        let reviewed =
+            diffs.iter().map(|d| PushTarget { url: d.url.clone(), if_version: d.version }).collect();
         let args = (|| -> Result<CanaryArgs, ApiError> {
             Ok(CanaryArgs {
                 text: text.get_untracked(),
@@ -228,9 +246,13 @@ fn CanaryPanel(
                     min_ttft_p95_increase_ms: parse(increase_ms, "TTFT p95 increase (ms)")?,
                     max_hit_rate_drop: parse(drop, "hit-rate drop")?,
                     min_requests: parse(min_requests, "minimum requests")? as u64,
+                    max_error_rate_ratio: parse(error_ratio, "error-rate ratio")?,
+                    min_error_rate_increase: parse(error_increase, "error-rate increase")?,
+                    require_hit_rate: require_hit.get_untracked(),
                 },
                 check_every_ms: None,
                 operator: None,
+                reviewed,
             })
         })();
         match args {
@@ -294,7 +316,15 @@ fn CanaryPanel(
                 {field(" roll back if TTFT p95 > x ", "canary-ratio", ratio)}
                 {field(" and by ms ", "canary-increase", increase_ms)}
                 {field(" or hit rate drops by ", "canary-drop", drop)}
+                {field(" or error rate > x ", "canary-error-ratio", error_ratio)}
+                {field(" and by ", "canary-error-increase", error_increase)}
                 {field(" judged after requests ", "canary-min", min_requests)}
+                <label class="check">
+                    <input type="checkbox" data-testid="canary-require-hit"
+                        prop:checked=move || require_hit.get()
+                        on:change=move |ev| require_hit.set(event_target_checked(&ev)) />
+                    "hit rate required"
+                </label>
                 <button class="primary" data-testid="canary-start" on:click=start>"Start canary"</button>
                 <button data-testid="canary-abort" on:click=abort
                     disabled=move || !status.data.with(|s| s.as_ref().and_then(|s| s.canary.as_ref()).is_some_and(|c| !c.finished))>"Abort"</button>
@@ -310,6 +340,32 @@ fn CanaryPanel(
                     <p data-testid="canary-side">{format!("canary: {}", side(&c.canary_side))}</p>
                     <p data-testid="baseline-side">{format!("baseline: {}", side(&c.baseline_side))}</p>
                     {c.measure_error.clone().map(|e| view! { <p class="muted">{format!("last measurement failed: {e}")}</p> })}
+                    {c.verdict.clone().map(|v| {
+                        let class = match v.as_str() {
+                            "holding" => "badge badge-ok",
+                            "crossed" => "badge badge-error",
+                            _ => "badge badge-warn",
+                        };
+                        view! {
+                            <p data-testid="canary-verdict" data-verdict=v.clone()>
+                                <span class=class>{format::verdict_words(&v)}</span>
+                                {(!c.missing.is_empty()).then(|| format!(" {}", c.missing.join("; ")))}
+                            </p>
+                        }
+                    })}
+                    <ul class="guards" data-testid="canary-guards">
+                        {c.readings.iter().map(|r| view! {
+                            <li data-testid="canary-guard" data-guard=r.guard.clone() data-state=r.state.clone()>
+                                {format::guard_line(r)}
+                            </li>
+                        }).collect_view()}
+                    </ul>
+                    {(!c.moved.is_empty()).then(|| view! {
+                        <div class="banner banner-warn" data-testid="canary-moved">
+                            <p>"Routers that moved on from the version you reviewed were left as they are:"</p>
+                            <ul>{c.moved.iter().map(|m| view! { <li data-testid="moved-router">{moved_line(m)}</li> }).collect_view()}</ul>
+                        </div>
+                    })}
                     <ol class="steps" data-testid="canary-steps">
                         {c.steps.iter().map(|s| view! { <li>{format!("{} · {}", s.phase, s.detail)}</li> }).collect_view()}
                     </ol>

@@ -275,9 +275,11 @@ async fn a_canary_on_etcd_writes_its_group_key_rolls_it_back_and_promotes_throug
             min_ttft_p95_increase_ms: 10_000.0,
             max_hit_rate_drop: 1.0,
             min_requests: 5,
+            ..CanaryGuards::default()
         },
         check_every_ms: Some(300),
         operator: Some("ana".into()),
+        reviewed: Vec::new(),
     };
     let phase = |wanted: &'static str| {
         let control = control.clone();

@@ -265,9 +265,11 @@ async fn a_canary_made_slower_by_fault_injection_rolls_back_by_itself() -> Resul
                 min_ttft_p95_increase_ms: 100.0,
                 max_hit_rate_drop: 1.0,
                 min_requests: 15,
+                ..CanaryGuards::default()
             },
             check_every_ms: Some(500),
             operator: Some("ana".into()),
+            reviewed: Vec::new(),
         })
         .await?;
     assert_eq!(status.phase, "canary_pushing");

@@ -143,7 +143,18 @@ async fn policy_changes_are_compare_and_swap_validated_and_roll_back() -> Result
 
     // Rollback: a new version with the previous spec; then round_robin; then nothing left.
     let rollback = format!("{}/admin/policy/rollback", router.url);
-    let body: Value = http.post(&rollback).bearer_auth(TOKEN).send().await?.json().await?;
+    // Conditioned on a version no longer in force (someone moved on since): refused, nothing changes.
+    let response = http.post(&rollback).bearer_auth(TOKEN).header("if-match", "\"1\"").send().await?;
+    assert_eq!(response.status(), 409);
+    let body: Value = response.json().await?;
+    assert_eq!(
+        (body["code"].as_str(), body["current_version"].as_u64()),
+        (Some("version_conflict"), Some(2))
+    );
+    let response = http.post(&rollback).bearer_auth(TOKEN).header("if-match", "two").send().await?;
+    assert_eq!(response.status(), 400);
+    let body: Value =
+        http.post(&rollback).bearer_auth(TOKEN).header("if-match", "\"2\"").send().await?.json().await?;
     assert_eq!((body["version"].as_u64(), body["spec"]["policy"].as_str()), (Some(3), Some("round_robin")));
     let response = http.post(&rollback).bearer_auth(TOKEN).send().await?;
     assert_eq!(response.status(), 409);

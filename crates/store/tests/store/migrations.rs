@@ -128,3 +128,17 @@ async fn the_store_opens_in_wal_mode_with_foreign_keys(
         sqlx::query("INSERT INTO samples (replica_id, ts_ms) VALUES (999, 1)").execute(store.pool()).await;
     assert!(bad.is_err(), "a sample of an unknown replica must be refused");
 }
+
+#[sqlx::test(migrations = false)]
+async fn audit_rows_commit_with_synchronous_full_and_samples_with_normal(
+    _pool: SqlitePoolOptions,
+    options: SqliteConnectOptions,
+) {
+    let store: Store = open(options).await;
+    // PRAGMA synchronous: 1 = NORMAL, 2 = FULL.
+    let samples: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(store.pool()).await.unwrap();
+    let audit: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(store.audit_pool()).await.unwrap();
+    assert_eq!((samples, audit), (1, 2));
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(store.audit_pool()).await.unwrap();
+    assert_eq!(mode, "wal");
+}
