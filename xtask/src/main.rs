@@ -11,6 +11,7 @@ mod dist;
 mod engines;
 mod peers;
 mod pgo;
+mod real;
 
 use std::env;
 use std::ffi::OsString;
