@@ -53,9 +53,12 @@ async fn probe_json(url: &str, traffic_to: &str) -> Result<Value> {
     let target = format!("{traffic_to}/v1/completions");
     let prompt = "the shared head of every prompt in this probe ".repeat(20);
     let traffic = tokio::spawn(async move {
-        for i in 0..6 {
+        // Until the probe is done (aborted below); bounded in case it never is.
+        for i in 0..2000 {
             let body = json!({"model": LLAMACPP_MODEL, "prompt": format!("{prompt} q{i}"), "max_tokens": 3});
-            let _ = client.post(&target).json(&body).send().await.map(|r| r.bytes());
+            if let Ok(response) = client.post(&target).json(&body).send().await {
+                let _ = response.bytes().await;
+            }
         }
     });
     let mut command = tokio::process::Command::new(bin_path("fleetdeck")?);
@@ -97,8 +100,7 @@ async fn llamacpp_replicas_are_probed_watched_and_routed_with_cached_tokens_reco
             && snap
                 .replicas
                 .iter()
-                .all(|r| r.engine.as_deref() == Some("llamacpp") && r.signals.running.is_some())
-            && snap.replicas[0].signals.hit_rate.is_some();
+                .all(|r| r.engine.as_deref() == Some("llamacpp") && r.signals.running.is_some());
         Ok(ready.then_some(snap))
     })
     .await?;
@@ -132,6 +134,13 @@ async fn llamacpp_replicas_are_probed_watched_and_routed_with_cached_tokens_reco
     assert!(answers.iter().all(|a| a["chunks"].as_u64() > Some(0)), "{stdout}");
     // The shared system prompt is computed once: the later requests land where it is cached.
     assert!(answers[1..].iter().all(|a| a["cached_tokens"].as_u64() > Some(100)), "{stdout}");
+
+    // The app sees that traffic live: the replica that served the shared prefix reports llama.cpp's hits.
+    eventually("the app to show a llama.cpp replica's hit rate", Duration::from_secs(60), || async {
+        let snap = crate::app::snapshot(&client, &api).await?;
+        Ok(snap.replicas.iter().any(|r| r.signals.hit_rate.is_some_and(|h| h > 0.0)).then_some(()))
+    })
+    .await?;
 
     // The router recorded llama.cpp's cached tokens, and its decision log shows the picks.
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
@@ -196,7 +205,7 @@ async fn a_llamacpp_replica_killed_mid_stream_ends_the_clients_stream_with_an_er
     .await
     .context("the client's stream hung after the replica died")?;
     assert!(!rest.contains("[DONE]"), "a cut stream must not look finished: {rest}");
-    let last = rest.split("\n\n").filter(|e| e.starts_with("data: ")).next_back().unwrap_or_default();
+    let last = rest.split("\n\n").filter(|e| e.starts_with("data: ")).last().unwrap_or_default();
     let event: Value =
         serde_json::from_str(last.trim_start_matches("data: ")).context(format!("last event {last:?}"))?;
     assert!(event["error"].is_object(), "the stream ends with an error event: {last}");
