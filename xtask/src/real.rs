@@ -4,7 +4,7 @@
 //!
 //! The trace (written here, Mooncake JSON Lines with 64-token blocks): `GROUPS` groups of requests share a
 //! `SHARED_BLOCKS`-block prefix (a tenant's system prompt), each request adds one block of its own and
-//! asks for `OUTPUT_TOKENS` tokens; arrivals are evenly spaced, the groups interleaved. For every policy
+//! asks for `OUTPUT_TOKENS` tokens; arrivals are evenly spaced, the groups in a scrambled order. For every policy
 //! the three servers start cold, fleet-router starts over them with `--record`, and `fleet-sim bench`
 //! replays the trace through it (streamed chat completions, client-side TTFT). Per row: TTFT p50/p95, the
 //! prefix hit rate llama.cpp counted (`prompt_tokens_cached_total` over cached + computed, through
@@ -34,7 +34,7 @@ const REPLICAS: usize = 3;
 const SLOTS: u32 = 2;
 const CTX: u32 = 8192;
 const BLOCK_TOKENS: u32 = 64;
-const GROUPS: u64 = 9;
+const GROUPS: u64 = 20;
 const SHARED_BLOCKS: u64 = 12;
 const OUTPUT_TOKENS: u32 = 8;
 const POLICIES: [&str; 3] = ["round_robin", "consistent_hash", "cache_aware_approx"];
@@ -150,7 +150,9 @@ pub fn run_real() -> Result<()> {
 fn write_trace(path: &Path) -> Result<()> {
     let mut lines = String::new();
     for i in 0..requests() {
-        let group = i % GROUPS;
+        // A scrambled group order: with `i % GROUPS` and GROUPS a multiple of the replicas, round-robin would
+        // send every group to one replica by accident and look cache-aware (seen in the first run).
+        let group = (i.wrapping_mul(2_654_435_761) >> 7) % GROUPS;
         let mut hash_ids: Vec<u64> = (0..SHARED_BLOCKS).map(|b| group * 1000 + b).collect();
         hash_ids.push(1_000_000 + i);
         let input = (SHARED_BLOCKS + 1) * u64::from(BLOCK_TOKENS);
