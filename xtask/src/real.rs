@@ -100,18 +100,28 @@ pub fn run_real() -> Result<()> {
         gap_ms()
     );
     println!(
-        "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>7} {:>8} {:>10}",
-        "policy", "TTFT p50", "TTFT p95", "hit rate", "computed", "cached", "errors", "prefill", "decode"
+        "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>7} {:>8} {:>10}",
+        "policy",
+        "TTFT p50",
+        "TTFT p95",
+        "hit rate",
+        "computed",
+        "cached",
+        "completed",
+        "errors",
+        "prefill",
+        "decode"
     );
     for (policy, r) in &rows {
         println!(
-            "{:<20} {:>7.0}ms {:>7.0}ms {:>9} {:>10.0} {:>9.0} {:>7.0} {:>6.1}us {:>8.2}ms",
+            "{:<20} {:>7.0}ms {:>7.0}ms {:>9} {:>10.0} {:>9.0} {:>9.0} {:>7.0} {:>6.1}us {:>8.2}ms",
             policy,
             r.ttft_p50_ms.unwrap_or(f64::NAN),
             r.ttft_p95_ms.unwrap_or(f64::NAN),
             r.hit_rate.map_or("-".to_owned(), |h| format!("{:.1}%", h * 100.0)),
             r.computed,
             r.cached,
+            r.completed,
             r.errors,
             r.prompt_seconds * 1e6 / r.computed.max(1.0),
             r.decode_seconds * 1e3 / r.decode_tokens.max(1.0),
