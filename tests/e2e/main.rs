@@ -1,5 +1,6 @@
 //! End-to-end tests across Fleetdeck's programs, with real HTTP on loopback port 0.
 //!
+//! - [`llamacpp`]: three real llama.cpp servers probed, watched by the app and routed to, one killed mid-stream.
 //! - [`stack`]: emulated replicas behind fleet-router, driven by a real HTTP client.
 //! - [`app`]: the `fleetdeck` binary in headless mode: its API, its history file, bad endpoints.
 //! - [`browser`]: headless Chromium loading the headless app's UI.
@@ -17,6 +18,7 @@
 mod app;
 mod browser;
 mod desktop;
+mod llamacpp;
 mod package;
 mod probe;
 mod rollout;

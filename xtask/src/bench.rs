@@ -458,7 +458,10 @@ pub fn run_bench(args: &[String]) -> Result<()> {
         Some("router") => router_bench(),
         Some("etcd") => etcd_bench(&args[1..]),
         Some("peers") => crate::peers::run_peers(),
-        _ => Err("usage: cargo xtask bench router | peers | etcd [--routers N] [--pushes N]".to_owned()),
+        Some("real") => crate::real::run_real(),
+        _ => {
+            Err("usage: cargo xtask bench router | peers | real | etcd [--routers N] [--pushes N]".to_owned())
+        }
     }
 }
 

@@ -8,8 +8,10 @@
 
 mod bench;
 mod dist;
+mod engines;
 mod peers;
 mod pgo;
+mod real;
 
 use std::env;
 use std::ffi::OsString;
@@ -33,8 +35,8 @@ const BUILD_PACKAGES: &[&str] = &[
 ];
 
 /// Extra Debian packages for the test suite: a virtual display, WebKit's and Chromium's
-/// WebDriver servers, the browser itself, Prometheus, and openssl + curl (a certificate and a
-/// real TLS client for the router's HTTPS test).
+/// WebDriver servers, the browser itself, Prometheus, openssl + curl (a certificate and a
+/// real TLS client for the router's HTTPS test), etcd, and cmake (llama.cpp's build, `engines.rs`).
 const TEST_PACKAGES: &[&str] = &[
     "xvfb",
     "xauth",
@@ -46,6 +48,7 @@ const TEST_PACKAGES: &[&str] = &[
     "curl",
     "etcd-server",
     "etcd-client",
+    "cmake",
 ];
 
 /// The tauri-driver release known to work with tauri 2 here.
@@ -67,7 +70,11 @@ commands:
   bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)
   bench peers      fleet-router's policies vs SGLang's SMG and vllm-router on one emulated
                    fleet and the same traces (fleet-sim bench; installs the pinned wheels; not CI)
-  bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)";
+  bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)
+  bench real       fleet-router's policies over 3 real llama.cpp servers: TTFT and the prompt
+                   tokens llama.cpp computed, and the emulator's what-if against it (not CI)
+  engines llamacpp build llama.cpp's llama-server from its pinned source package and a small
+                   random-weight model, once, into the engines cache (the tests' real engine)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -79,6 +86,7 @@ fn main() -> ExitCode {
         Some("setup") => setup(args.get(1).is_some_and(|a| a == "--test")),
         Some("bench") => bench::run_bench(&args[1..]),
         Some("pgo") => pgo::run_pgo(&args[1..]),
+        Some("engines") => engines::run_engines(&args[1..]),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             Ok(())
@@ -161,8 +169,8 @@ fn setup(for_tests: bool) -> Result<()> {
 }
 
 /// The Python packages tests use as independent, real clients (tests/requirements.txt).
-fn ensure_python_clients() -> Result<()> {
-    let probe = "import openai, prometheus_client, msgpack, zmq, smg";
+pub(crate) fn ensure_python_clients() -> Result<()> {
+    let probe = "import openai, prometheus_client, msgpack, zmq, smg, gguf, numpy";
     if Command::new("python3").args(["-c", probe]).output().is_ok_and(|out| out.status.success()) {
         return Ok(());
     }
@@ -310,13 +318,20 @@ fn test() -> Result<()> {
     // The .deb (of the debug app just built), which the e2e test installs into a clean folder and runs.
     let deb = timed("deb package", || dist::package(dist::Profile::Debug))?;
     let deb = deb.to_string_lossy().into_owned();
+    // The real engine the llama.cpp tests run (built once per version into the engines cache).
+    let llamacpp = timed("llama.cpp engine", engines::ensure_llamacpp)?;
+    let llamacpp = llamacpp.dir.to_string_lossy().into_owned();
     let bin_dir = target_dir().join("debug");
     let bin_dir = bin_dir.to_string_lossy().into_owned();
     timed("tests", || {
         run(
             cargo(),
             &["test", "--workspace", "--no-fail-fast"],
-            &[("FLEETDECK_BIN_DIR", &bin_dir), ("FLEETDECK_DEB", &deb)],
+            &[
+                ("FLEETDECK_BIN_DIR", &bin_dir),
+                ("FLEETDECK_DEB", &deb),
+                ("FLEETDECK_LLAMACPP_DIR", &llamacpp),
+            ],
         )
     })?;
     // The router's optional features (HTTPS, tokenizer.json), linted and tested end to end; the

@@ -213,7 +213,19 @@ pub(crate) const TGI: Profile = Profile {
     ..NONE
 };
 
-// llama.cpp: tools/server/server.cpp, `/metrics` with `--metrics`. No histograms, no model label.
+// llama.cpp: `llama-server --metrics`, names from tools/server/server-task.cpp
+// (`server_task_result_metrics::to_metrics`), checked against a real b11434 server by the e2e tests
+// (tests/e2e/llamacpp.rs) and its capture in tests/fixtures/llamacpp-b11434.*.prom. No histograms, no
+// labels. `prompt_tokens_total` counts only the prompt tokens it computed; the ones it took from a
+// slot's cache or the host prompt cache are `prompt_tokens_cached_total` (since 2025), so the prompt
+// tokens presented are their sum and the hit rate is cached / presented, in tokens as SGLang's.
+// `kv_cache_usage_ratio` is only in older servers (the fixture llamacpp.*.prom); current ones have no
+// KV-usage, TTFT or preemption figure in /metrics, so those are None. ITL is a mean: decode seconds
+// (summed over slots) per generated token.
+const LLAMACPP_PRESENTED: Src = Src::Plus(
+    &Src::Metric("llamacpp:prompt_tokens_total"),
+    &Src::Metric("llamacpp:prompt_tokens_cached_total"),
+);
 pub(crate) const LLAMACPP: Profile = Profile {
     engine: Engine::LlamaCpp,
     flavor: "llama.cpp server",
@@ -221,7 +233,8 @@ pub(crate) const LLAMACPP: Profile = Profile {
     running: Some(Src::Metric("llamacpp:requests_processing")),
     waiting: Some(Src::Metric("llamacpp:requests_deferred")),
     kv_usage: Some(Src::Metric("llamacpp:kv_cache_usage_ratio")),
-    prompt_tokens: Some(Src::Metric("llamacpp:prompt_tokens_total")),
+    prefix: Some((LLAMACPP_PRESENTED, Src::Metric("llamacpp:prompt_tokens_cached_total"))),
+    prompt_tokens: Some(Src::First(&[LLAMACPP_PRESENTED, Src::Metric("llamacpp:prompt_tokens_total")])),
     generation_tokens: Some(Src::Metric("llamacpp:tokens_predicted_total")),
     itl: &[HistSrc::SumCount {
         sum: "llamacpp:tokens_predicted_seconds_total",

@@ -7,6 +7,7 @@ pub mod admin_router;
 pub mod dns;
 pub mod endpoints;
 pub mod etcd;
+pub mod llamacpp;
 pub mod process;
 pub mod readme;
 pub mod tls;

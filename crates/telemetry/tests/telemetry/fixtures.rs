@@ -168,6 +168,24 @@ fn cases() -> Vec<Case> {
             },
             ranks: &[],
         },
+        // The real thing (captured from llama.cpp b11434): cached prompt tokens give a hit rate; no KV
+        // usage, TTFT or preemption figure exists, so those stay None rather than 0.
+        Case {
+            stem: "llamacpp-b11434",
+            engine: Engine::LlamaCpp,
+            flavor_contains: "llama.cpp",
+            model: None,
+            expect: EngineSignals {
+                queue_depth: Some(0.0),
+                running: Some(0.0),
+                hit_rate: Some(303.0 / 606.0),
+                itl_mean_s: Some((7.91394 - 7.9044) / 8.0),
+                prompt_tokens_per_s: Some(606.0 / 5.0),
+                generation_tokens_per_s: Some(8.0 / 5.0),
+                ..s()
+            },
+            ranks: &[],
+        },
         Case {
             stem: "trtllm",
             engine: Engine::TrtLlm,
@@ -266,7 +284,7 @@ fn check(stem: &str, got: &EngineSignals, want: &EngineSignals) {
 #[test]
 fn every_engine_fixture_is_detected_and_normalised() {
     let cases = cases();
-    assert_eq!(cases.len(), 10);
+    assert_eq!(cases.len(), 11);
     for case in cases {
         let signals = signals_of(
             &fixture(&format!("{}.1.prom", case.stem)),
@@ -388,5 +406,5 @@ fn every_fixture_cites_the_source_of_its_names() {
         assert!(text.starts_with("# Source of names"), "{} does not cite its source", path.display());
         count += 1;
     }
-    assert_eq!(count, 20);
+    assert_eq!(count, 22);
 }
