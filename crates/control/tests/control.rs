@@ -12,3 +12,5 @@ mod rollout;
 mod third_party;
 #[path = "control/views.rs"]
 mod views;
+#[path = "control/whatif.rs"]
+mod whatif;
