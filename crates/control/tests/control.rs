@@ -2,6 +2,8 @@
 //! on, real HTTP on loopback port 0) over emulated replicas (fleet-sim), with a real SQLite
 //! history in a temporary folder.
 
+#[path = "control/demo.rs"]
+mod demo;
 #[path = "control/discovery.rs"]
 mod discovery;
 #[path = "control/etcd_fleet.rs"]
