@@ -67,7 +67,10 @@ commands:
   bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)
   bench peers      fleet-router's policies vs SGLang's SMG and vllm-router on one emulated
                    fleet and the same traces (fleet-sim bench; installs the pinned wheels; not CI)
-  bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)";
+  bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)
+  bench fidelity [REQUESTS]
+                   the what-if's predictions against live runs of three policy changes; writes
+                   crates/control/fidelity.json, which the app shows next to its predictions (not CI)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
