@@ -204,7 +204,7 @@ fn result_view(r: &WhatIfResult) -> impl IntoView + use<> {
         <table class="replicas whatif-table">
             <thead><tr><th></th>
                 <th class="num">{format!("candidate: {}", r.candidate.policy)}</th>
-                <th class="num">{format!("running: {}", r.active.policy)}</th></tr></thead>
+                <th class="num">{format!("active: {}", r.active.policy)}</th></tr></thead>
             <tbody>
                 {row("Prefix hit rate", "hit-rate", |f| ratio(f.hit_rate))}
                 {row("TTFT p50", "ttft-p50", |f| format::duration_s(f.ttft_p50_s))}
