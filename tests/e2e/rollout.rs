@@ -153,6 +153,10 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     })
     .await?;
     assert!(whatif.contains("replayed in"), "{whatif}");
+    // Where the figures come from: coverage, the engine profile the fleet's metrics chose, the fidelity.
+    assert!(whatif.contains("coverage: read all"), "{whatif}");
+    assert!(whatif.contains("engine profile: llama-3.1-8b-h100"), "{whatif}");
+    assert!(whatif.contains("fidelity"), "{whatif}");
     println!("what-if: {}", text_of(&browser, "[data-testid=whatif-elapsed]").await?);
     screenshot(&browser, "rollout-whatif.png").await?;
 

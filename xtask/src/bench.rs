@@ -459,10 +459,25 @@ pub fn run_bench(args: &[String]) -> Result<()> {
         Some("etcd") => etcd_bench(&args[1..]),
         Some("peers") => crate::peers::run_peers(),
         Some("real") => crate::real::run_real(),
-        _ => {
-            Err("usage: cargo xtask bench router | peers | real | etcd [--routers N] [--pushes N]".to_owned())
-        }
+        Some("fidelity") => fidelity_bench(&args[1..]),
+        _ => Err(
+            "usage: cargo xtask bench router | peers | real | fidelity [REQUESTS] | etcd [--routers N] [--pushes N]"
+                .to_owned(),
+        ),
     }
+}
+
+/// The what-if's fidelity (issue 25): the control crate's `fidelity` example runs each change A -> B live
+/// on an emulated fleet, predicts B from A's recording with the app's what-if and measures B live from a
+/// cold fleet; it prints the table and writes `crates/control/fidelity.json`, which the app compiles in.
+fn fidelity_bench(extra: &[String]) -> Result<()> {
+    let out = crate::root().join("crates/control/fidelity.json");
+    let date = Command::new("date").args(["-u", "+%Y-%m-%d"]).output().map_err(|e| e.to_string())?;
+    let date = String::from_utf8_lossy(&date.stdout).trim().to_owned();
+    let out = out.to_string_lossy().into_owned();
+    let mut args = vec!["run", "--release", "-p", "fleetdeck-control", "--example", "fidelity", "--", &out];
+    args.extend(extra.iter().map(String::as_str));
+    run(cargo(), &args, &[("FLEET_FIDELITY_DATE", &date)])
 }
 
 /// Policy fan-out to 50 routers through etcd against the per-router HTTP push (issue 26), measured by the

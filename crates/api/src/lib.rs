@@ -13,6 +13,8 @@ mod views;
 pub use views::*;
 mod rollout;
 pub use rollout::*;
+mod whatif;
+pub use whatif::*;
 
 /// Command name: the live fleet table and TTFT chart data. Args: [`FleetSnapshotArgs`].
 pub const CMD_FLEET_SNAPSHOT: &str = "fleet_snapshot";

@@ -365,6 +365,14 @@ pub struct WhatIfArgs {
     /// Replicas to replay on; default: as many as the routers have.
     #[serde(default)]
     pub replicas: Option<u32>,
+    /// The operator's choice of engine profile (a built-in name, see [`WhatIfProfile::available`]);
+    /// default: chosen from what the replicas' metrics say (model, engine, KV capacity, block size).
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// The operator's KV capacity per replica, in blocks; default: what the replicas report, else the
+    /// profile's.
+    #[serde(default)]
+    pub kv_blocks: Option<u32>,
 }
 
 fn default_whatif_window() -> u32 {
@@ -402,6 +410,23 @@ pub struct WhatIfResult {
     pub active: ReplayFigures,
     /// Wall time of both replays.
     pub elapsed_ms: u64,
+    /// How much of the window was read and replayed.
+    #[serde(default)]
+    pub coverage: crate::WhatIfCoverage,
+    /// Each router: the spec it runs (the baseline's source), its share of the traffic, or why it could
+    /// not be read.
+    #[serde(default)]
+    pub routers: Vec<crate::WhatIfRouter>,
+    /// Where the baseline came from and what differs: routers that disagree, the app's intended spec
+    /// that no router runs, routers that could not be read.
+    #[serde(default)]
+    pub baseline_notes: Vec<String>,
+    /// The engine profile both sides were replayed with, and why.
+    #[serde(default)]
+    pub profile: crate::WhatIfProfile,
+    /// What the fidelity bench measured for this kind of change (`None`: never measured).
+    #[serde(default)]
+    pub fidelity: Option<crate::WhatIfFidelity>,
 }
 
 /// A what-if job's state.

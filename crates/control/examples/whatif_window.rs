@@ -27,9 +27,10 @@ fn main() -> Result<()> {
     for (candidate, active) in [("cache_aware_approx", "round_robin"), ("kv_precise", "consistent_hash")] {
         let started = Instant::now();
         let prepared = replay::prepare(&trace, None, 1.0)?;
+        let base = replay::ReplayConfig::new(replicas, PolicySpec::default());
         let (c, a) = replay_both(
             &prepared,
-            replicas,
+            &base,
             &PolicySpec::named(candidate),
             &PolicySpec::named(active),
             &cancel,

@@ -279,6 +279,24 @@ pub struct TracePage {
     /// Records added after the cursor that the router's ring dropped before this read
     /// (`x-fleet-trace-missed`): what was read is then a sample.
     pub missed: u64,
+    /// Matching records the router holds after this page (`x-fleet-trace-more`): the page stopped at its
+    /// limit, ask again from `next`. 0 from a router too old to say.
+    pub more: u64,
+}
+
+/// Records per page the app asks a router for.
+pub const TRACE_PAGE_RECORDS: usize = 10_000;
+/// Most records the app reads from one router for one window (about 100 MB in memory at most).
+pub const MAX_WINDOW_RECORDS: usize = 500_000;
+
+/// A window of one router's recorded traffic, read page by page.
+#[derive(Debug, Default)]
+pub struct TraceWindow {
+    pub records: Vec<fleet_trace::TraceRecord>,
+    /// Pages read.
+    pub pages: u32,
+    /// Matching records left unread because the read stopped at [`MAX_WINDOW_RECORDS`].
+    pub unread: u64,
 }
 
 pub fn parse_trace(body: &[u8]) -> Result<Vec<fleet_trace::TraceRecord>, String> {
@@ -326,7 +344,12 @@ impl AdminClient {
     /// The records the router added after record number `after` (0: all it holds) that arrived at or after
     /// `since_ms`, with the cursor to ask with next time.
     pub async fn trace_after(&self, since_ms: i64, after: u64) -> Result<TracePage, AdminError> {
-        let path = format!("/admin/trace?since={since_ms}&after={after}");
+        self.trace_page(since_ms, after, TRACE_PAGE_RECORDS).await
+    }
+
+    /// One page of at most `limit` records after record number `after`.
+    pub async fn trace_page(&self, since_ms: i64, after: u64, limit: usize) -> Result<TracePage, AdminError> {
+        let path = format!("/admin/trace?since={since_ms}&after={after}&limit={limit}");
         let (headers, body) = self.get_with_headers(&path, MAX_TRACE_BODY).await?;
         let number = |name: &str| headers.get(name).and_then(|value| value.to_str().ok()?.parse().ok());
         let records = parse_trace(&body).map_err(|detail| self.bad_body(&path, detail))?;
@@ -335,12 +358,45 @@ impl AdminClient {
             next: number("x-fleet-trace-next"),
             epoch: number("x-fleet-trace-epoch"),
             missed: number("x-fleet-trace-missed").unwrap_or(0),
+            more: number("x-fleet-trace-more").unwrap_or(0),
         })
     }
 
-    /// Every record the router holds that arrived at or after `since_ms`.
+    /// Every record the router holds that arrived at or after `since_ms`, following its pages to the end or
+    /// until `max_records` were read (then `unread` says how many were left).
+    pub async fn trace_window(&self, since_ms: i64, max_records: usize) -> Result<TraceWindow, AdminError> {
+        self.trace_window_paged(since_ms, max_records, TRACE_PAGE_RECORDS).await
+    }
+
+    /// [`Self::trace_window`] in pages of at most `page_records` records.
+    pub async fn trace_window_paged(
+        &self,
+        since_ms: i64,
+        max_records: usize,
+        page_records: usize,
+    ) -> Result<TraceWindow, AdminError> {
+        let mut window = TraceWindow::default();
+        let mut after = 0;
+        loop {
+            let room = max_records.saturating_sub(window.records.len());
+            let page = self.trace_page(since_ms, after, room.clamp(1, page_records.max(1))).await?;
+            window.pages += 1;
+            window.records.extend(page.records);
+            let Some(next) = page.next.filter(|n| page.more > 0 && *n > after) else {
+                // The end, or a router too old to page (it answered everything at once).
+                return Ok(window);
+            };
+            if window.records.len() >= max_records {
+                window.unread = page.more;
+                return Ok(window);
+            }
+            after = next;
+        }
+    }
+
+    /// Every record the router holds that arrived at or after `since_ms` (at most [`MAX_WINDOW_RECORDS`]).
     pub async fn trace_since(&self, since_ms: i64) -> Result<Vec<fleet_trace::TraceRecord>, AdminError> {
-        Ok(self.trace_after(since_ms, 0).await?.records)
+        Ok(self.trace_window(since_ms, MAX_WINDOW_RECORDS).await?.records)
     }
 
     fn bad_body(&self, path: &str, detail: String) -> AdminError {

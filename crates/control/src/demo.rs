@@ -1,6 +1,12 @@
 //! The embedded demo fleet: emulated replicas, a fleet-router over them with its admin API on
 //! and a cache-aware policy, and steady traffic through it.
 //!
+//! The fleet is sized so that routing matters on screen: each replica's KV cache holds the long system
+//! prompts of about a third of the tenants, and the traffic keeps the replicas busy. Under a cache-aware
+//! policy each tenant sticks to a replica and its prompt stays cached; switch to round_robin and every
+//! replica sees every tenant, evicts prompts before their next use (the hit rate falls) and spends its
+//! time on prefill (requests queue, TTFT rises), within a minute.
+//!
 //! Everything binds 127.0.0.1 on free ports and stops when the cancellation token fires. The
 //! router's admin token is fresh per run and kept in a 0600 file (never in SQLite), so the app
 //! reads the demo router exactly as it reads a real one.
@@ -27,11 +33,28 @@ pub struct DemoConfig {
     pub replicas: usize,
     /// Mean requests per second sent through the router.
     pub rps: f64,
+    /// KV capacity of each replica, in blocks of 16 tokens.
+    pub kv_blocks: u32,
+    /// Tenants with a system prompt of their own, and its length in bytes (4 bytes a token).
+    pub tenants: usize,
+    pub system_prompt_bytes: usize,
+    /// The router's policy at start.
+    pub policy: String,
 }
 
 impl Default for DemoConfig {
     fn default() -> Self {
-        Self { replicas: 4, rps: 6.0 }
+        // 12 prompts of ~3,000 tokens (~190 blocks each): a replica's 900 blocks hold about four of
+        // them, so cache-aware routing (three tenants a replica on four replicas) keeps them all cached,
+        // while round-robin makes every replica cycle through all twelve.
+        Self {
+            replicas: 4,
+            rps: 14.0,
+            kv_blocks: 900,
+            tenants: 12,
+            system_prompt_bytes: 12_000,
+            policy: DEMO_POLICY.to_owned(),
+        }
     }
 }
 
@@ -57,7 +80,9 @@ impl DemoFleet {
                 TcpListener::bind("127.0.0.1:0").await.context("cannot bind a demo replica on 127.0.0.1")?,
             );
         }
-        let fleet = Fleet::spawn(listeners, fleet_sim::DEFAULT_MODEL, &ModelConfig::default(), cancel)?;
+        let mut model = ModelConfig::default();
+        model.engine.num_gpu_blocks = config.kv_blocks;
+        let fleet = Fleet::spawn(listeners, fleet_sim::DEFAULT_MODEL, &model, cancel)?;
         let replica_urls = fleet.urls.clone();
 
         let router_listener =
@@ -68,7 +93,7 @@ impl DemoFleet {
         fleet_store::secrets::write_token_file(&token_file, token.expose())?;
         let router_config = fleet_router::RouterConfig {
             replicas: replica_urls.clone(),
-            policy: DEMO_POLICY.parse().context("the demo policy does not parse")?,
+            policy: config.policy.parse().context("the demo policy does not parse")?,
             admin_token: Some(token.expose().into()),
             // "Recent traffic" for the heat map: a minute reacts to what the operator does.
             heat_window: Duration::from_secs(60),
@@ -84,7 +109,13 @@ impl DemoFleet {
         });
 
         let load = Arc::new(LoadStats::default());
-        let load_config = LoadConfig { target: router_url.clone(), rps: config.rps, ..LoadConfig::default() };
+        let load_config = LoadConfig {
+            target: router_url.clone(),
+            rps: config.rps,
+            tenants: config.tenants,
+            system_prompt_bytes: config.system_prompt_bytes,
+            ..LoadConfig::default()
+        };
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .build()

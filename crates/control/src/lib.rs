@@ -25,6 +25,8 @@ pub mod commands;
 pub mod demo;
 pub mod discovery;
 pub mod dns_srv;
+pub mod engine_profile;
+pub mod fidelity;
 pub mod fleet;
 pub mod headroom;
 pub mod heat;

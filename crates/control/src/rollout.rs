@@ -977,6 +977,7 @@ mod tests {
             next,
             epoch,
             missed: 0,
+            more: 0,
         };
         let arrivals =
             |traffic: &RouterTraffic| traffic.observed.iter().map(|o| o.arrival_ms).collect::<Vec<_>>();

@@ -1,6 +1,7 @@
-//! What-if: replays recent recorded traffic (every router's `/admin/trace`) or a trace file
-//! through fleet-sim's engine model twice, under the candidate and under the active policy, side
-//! by side, with progress and cancellation.
+//! What-if: replays recent recorded traffic (every router's `/admin/trace`, every page of the window) or a
+//! trace file through fleet-sim's engine model twice, under the candidate and under the policy the routers
+//! run (read from each router, differences flagged), side by side, with progress and cancellation, on the
+//! engine profile the fleet's metrics point to (or the operator's), next to the fidelity the bench measured.
 //!
 //! One job runs at a time: starting a new one (the editor re-runs on every change) cancels the
 //! previous. The replays are CPU work on blocking threads, never on the async workers.
@@ -11,11 +12,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fleet_policy::PolicySpec;
+use fleet_rollout::spec_diff;
 use fleet_sim::replay::{self, PreparedTrace, Progress, ReplayConfig, ReplayControl, ReplayReport};
 use fleet_trace::{Trace, TraceRecord};
-use fleetdeck_api::{ApiError, ReplayFigures, WhatIfArgs, WhatIfJobArgs, WhatIfResult, WhatIfStatus};
+use fleetdeck_api::{
+    ApiError, ReplayFigures, WhatIfArgs, WhatIfCoverage, WhatIfJobArgs, WhatIfProfile, WhatIfResult,
+    WhatIfRouter, WhatIfStatus,
+};
 
+use crate::admin::{AdminClient, MAX_WINDOW_RECORDS, TraceWindow};
+use crate::engine_profile::ChosenProfile;
 use crate::fleet::{Control, unix_ms_now};
+use crate::rollout::ActivePolicy;
 
 /// Largest trace file read for a what-if (a 10-minute window of a busy fleet is a few MB).
 pub const MAX_TRACE_FILE: u64 = 256 << 20;
@@ -57,10 +65,35 @@ pub fn figures(policy: &str, report: &ReplayReport) -> ReplayFigures {
     }
 }
 
-/// Replays `trace` under `candidate` and `active` on two threads; `routed` counts progress.
+/// The trace prepared at the chosen engine block size (the trace's own when the two cannot be matched,
+/// with the capacity converted) and the replay configuration of the chosen profile.
+pub fn prepare_for(trace: &Trace, chosen: &ChosenProfile) -> Result<(PreparedTrace, ReplayConfig), ApiError> {
+    let trace_block = trace.block_tokens().max(1);
+    let (block, kv_blocks) = match chosen.block_tokens {
+        Some(b) if b > 0 && (trace_block.is_multiple_of(b) || b.is_multiple_of(trace_block)) => {
+            (b, chosen.kv_blocks)
+        }
+        Some(b) if b > 0 => {
+            let tokens = u64::from(chosen.kv_blocks) * u64::from(b);
+            (trace_block, u32::try_from(tokens / u64::from(trace_block)).unwrap_or(u32::MAX).max(1))
+        }
+        _ => (trace_block, chosen.kv_blocks),
+    };
+    let prepared = replay::prepare(trace, Some(block), 1.0)
+        .map_err(|e| ApiError::new("bad_trace", format!("the traffic cannot be replayed: {e}")))?;
+    let config = ReplayConfig {
+        profile: chosen.profile.clone(),
+        capacity_blocks: Some(kv_blocks),
+        ..ReplayConfig::new(1, PolicySpec::default())
+    };
+    Ok((prepared, config))
+}
+
+/// Replays `trace` under `candidate` and `active` on two threads with `base`'s replicas, profile and
+/// capacity; `routed` counts progress.
 pub fn replay_both(
     trace: &PreparedTrace,
-    replicas: u32,
+    base: &ReplayConfig,
     candidate: &PolicySpec,
     active: &PolicySpec,
     cancel: &AtomicBool,
@@ -68,7 +101,7 @@ pub fn replay_both(
 ) -> Result<(ReplayReport, ReplayReport), String> {
     let run = |spec: &PolicySpec, slot: &AtomicU64| {
         let progress = |p: Progress| slot.store(p.routed as u64, Ordering::Relaxed);
-        let config = ReplayConfig::new(replicas, spec.clone());
+        let config = ReplayConfig { policy: spec.clone(), ..base.clone() };
         replay::replay(trace, &config, ReplayControl { progress: Some(&progress), cancel: Some(cancel) })
             .map_err(|e| e.to_string())
     };
@@ -130,8 +163,125 @@ fn read_trace_file(path: &Path) -> Result<Trace, ApiError> {
     fleet_trace::read_trace(std::io::BufReader::new(file)).map_err(|e| bad(format!("{path}: {e}")))
 }
 
+/// One router as the what-if read it: its running policy and its window of traffic.
+struct RouterRead {
+    url: String,
+    policy: Result<ActivePolicy, String>,
+    window: Result<TraceWindow, String>,
+}
+
+/// The baseline spec (what the routers that recorded most of the window run), each router's row and the
+/// notes on what differs.
+fn baseline_of(
+    reads: &[RouterRead],
+    intended: Option<&(String, PolicySpec)>,
+) -> (Option<(String, PolicySpec)>, Vec<WhatIfRouter>, Vec<String>) {
+    let requests = |r: &RouterRead| r.window.as_ref().map_or(0, |w| w.records.len() as u64);
+    // Weight each distinct running spec by the traffic its routers recorded (ties: the first router).
+    let mut specs: Vec<(PolicySpec, u64, String)> = Vec::new();
+    for read in reads {
+        if let Ok(active) = &read.policy {
+            match specs.iter_mut().find(|(spec, _, _)| spec_diff(spec, &active.spec).is_empty()) {
+                Some(entry) => entry.1 += requests(read),
+                None => specs.push((active.spec.clone(), requests(read), read.url.clone())),
+            }
+        }
+    }
+    let chosen =
+        specs.iter().enumerate().max_by_key(|(i, (_, n, _))| (*n, std::cmp::Reverse(*i))).map(|(_, s)| s);
+    let mut notes = Vec::new();
+    let baseline = chosen.map(|(spec, _, url)| (url.clone(), spec.clone()));
+    let rows = reads
+        .iter()
+        .map(|read| {
+            let (policy, spec, version) = match &read.policy {
+                Ok(a) => (Some(a.spec.policy.clone()), Some(a.spec.to_json()), Some(a.version)),
+                Err(_) => (None, None, None),
+            };
+            let differs = match (&read.policy, &baseline) {
+                (Ok(active), Some((_, base))) => !spec_diff(base, &active.spec).is_empty(),
+                _ => false,
+            };
+            let error = match (&read.policy, &read.window) {
+                (Err(e), _) | (_, Err(e)) => Some(e.clone()),
+                _ => None,
+            };
+            WhatIfRouter {
+                url: read.url.clone(),
+                policy,
+                spec,
+                version,
+                requests: requests(read),
+                differs,
+                error,
+            }
+        })
+        .collect::<Vec<_>>();
+    if let Some((url, base)) = &baseline {
+        let policy_label = |spec: &PolicySpec| spec.policy.clone();
+        if specs.len() > 1 {
+            notes.push(format!(
+                "the routers do not all run the same policy: the baseline is {} as run by {url} (the spec of the \
+                 routers that recorded most of the window); all recorded traffic is replayed under it",
+                policy_label(base)
+            ));
+        }
+        for (row, read) in rows.iter().zip(reads) {
+            if let (true, Ok(active)) = (row.differs, &read.policy) {
+                let diff = spec_diff(base, &active.spec);
+                let mut what: Vec<String> = Vec::new();
+                if let Some((before, after)) = &diff.policy {
+                    what.push(format!("policy {after} instead of {before}"));
+                }
+                for p in &diff.params {
+                    let show = |v: &Option<serde_json::Value>| {
+                        v.as_ref().map_or("unset".to_owned(), |v| v.to_string())
+                    };
+                    what.push(format!("{} = {} instead of {}", p.name, show(&p.after), show(&p.before)));
+                }
+                notes.push(format!(
+                    "{} runs version {} which differs from the baseline: {}",
+                    read.url,
+                    active.version,
+                    what.join(", ")
+                ));
+            }
+        }
+        if let Some((label, spec)) = intended
+            && !spec_diff(base, spec).is_empty()
+        {
+            notes.push(format!(
+                "the app's intended policy ({label}, {}) is not what the routers run; the baseline is what they \
+                 run ({})",
+                policy_label(spec),
+                policy_label(base)
+            ));
+        }
+    }
+    for read in reads {
+        if let Err(e) = &read.policy {
+            notes.push(format!("{} did not say its policy ({e})", read.url));
+        }
+        if let Err(e) = &read.window {
+            notes.push(format!("{} could not be read ({e}); its traffic is not in the replay", read.url));
+        }
+    }
+    (baseline, rows, notes)
+}
+
+/// When a time span in milliseconds is written for people.
+fn span_text(ms: i64) -> String {
+    let s = (ms.max(0) + 500) / 1000;
+    if s >= 120 { format!("{} min {} s", s / 60, s % 60) } else { format!("{s} s") }
+}
+
 impl Control {
-    /// Starts a what-if replay of the candidate against the active policy; cancels the previous one.
+    /// Starts a what-if replay of the candidate against the routers' running policy; cancels the previous one.
+    ///
+    /// The baseline is what the routers run (read from each), not what the app meant them to run; every
+    /// page of each router's window is read (up to [`MAX_WINDOW_RECORDS`] per router, the rest counted);
+    /// a router that cannot be read is reported and the others replayed; the engine profile comes from the
+    /// replicas' metrics unless the operator picks one.
     pub async fn start_whatif(&self, args: WhatIfArgs) -> Result<WhatIfStatus, ApiError> {
         let candidate = crate::policy_edit::spec_or_api_error(&args.text)?;
         if !(10..=86_400).contains(&args.window_s) {
@@ -145,33 +295,62 @@ impl Control {
             Some(path) => Some((resolve_trace_path(self.inner.trace_dir.as_deref(), path)?, path)),
             None => None,
         };
-        let active = match self.intended_spec().await {
-            Some((_, spec)) => spec,
-            None => self
-                .read_router_policies()
-                .await
-                .into_iter()
-                .find_map(|(_, r)| r.ok())
-                .map(|p| p.spec)
-                .ok_or_else(|| {
-                    ApiError::new(
-                        "no_active_policy",
-                        "no router told its policy, so there is nothing to compare against; check the routers in Settings",
-                    )
-                })?,
+        let since = unix_ms_now() - i64::from(args.window_s) * 1000;
+        let clients: Vec<AdminClient> = self.inner.routers.clients().into_iter().map(|(c, _)| c).collect();
+        let reads: Vec<RouterRead> = futures_util::future::join_all(clients.iter().map(|client| async {
+            let policy = crate::rollout::read_policy(client);
+            let window = async {
+                if trace_file.is_some() {
+                    return Ok(TraceWindow::default());
+                }
+                client.trace_window(since, MAX_WINDOW_RECORDS).await.map_err(|e| e.to_string())
+            };
+            let (policy, window) = futures_util::join!(policy, window);
+            RouterRead { url: client.url.clone(), policy, window }
+        }))
+        .await;
+        let intended = self.intended_spec().await;
+        let (baseline, routers, mut notes) = baseline_of(&reads, intended.as_ref());
+        let active = match (baseline, &intended) {
+            (Some((_, spec)), _) => spec,
+            (None, Some((label, spec))) => {
+                notes.push(format!(
+                    "no router said what it runs; the baseline is the app's intended policy {label} ({})",
+                    spec.policy
+                ));
+                spec.clone()
+            }
+            (None, None) => {
+                return Err(ApiError::new(
+                    "no_active_policy",
+                    format!(
+                        "no router told its policy, so there is nothing to compare against; check the routers in \
+                         Settings{}",
+                        if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) }
+                    ),
+                ));
+            }
         };
+        let mut coverage =
+            WhatIfCoverage { limit_per_router: MAX_WINDOW_RECORDS as u64, ..WhatIfCoverage::default() };
         let (trace, source) = match trace_file {
             Some((real, path)) => (read_trace_file(&real)?, format!("trace file {path}")),
             None => {
-                let since = unix_ms_now() - i64::from(args.window_s) * 1000;
-                let clients: Vec<_> = self.inner.routers.clients().into_iter().map(|(c, _)| c).collect();
-                let results =
-                    futures_util::future::join_all(clients.iter().map(|c| c.trace_since(since))).await;
                 let mut records: Vec<TraceRecord> = Vec::new();
-                for result in results {
-                    records
-                        .append(&mut result.map_err(|e| ApiError::new("router_unavailable", e.to_string()))?);
+                let mut unread = 0u64;
+                let mut unknown = false;
+                for read in reads {
+                    match read.window {
+                        Ok(mut window) => {
+                            coverage.pages += window.pages;
+                            unread += window.unread;
+                            records.append(&mut window.records);
+                        }
+                        Err(_) => unknown = true,
+                    }
                 }
+                coverage.window_s = Some(args.window_s);
+                coverage.requests_in_window = (!unknown).then_some(records.len() as u64 + unread);
                 let trace = Trace::from_records(records).map_err(|e| {
                     ApiError::new("bad_trace", format!("a router recorded an unusable request: {e}"))
                 })?;
@@ -181,32 +360,76 @@ impl Control {
         if trace.records.is_empty() {
             return Err(ApiError::new(
                 "no_traffic",
-                "there is no recorded traffic to replay; send traffic through the routers or pick a trace file",
+                format!(
+                    "there is no recorded traffic to replay; send traffic through the routers or pick a trace file{}",
+                    if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) }
+                ),
             ));
         }
-        let replicas = match args.replicas {
-            Some(n) => n,
-            None => {
-                let mut urls: Vec<String> = self
-                    .inner
-                    .routers
-                    .states()
-                    .iter()
-                    .flat_map(|s| s.replicas.iter().map(|r| r.url.clone()))
-                    .collect();
-                urls.sort();
-                urls.dedup();
-                (urls.len() as u32).max(1)
-            }
+        coverage.requests_read = trace.records.len() as u64;
+        coverage.first_ms = trace.records.first().map(|r| r.timestamp as i64);
+        coverage.last_ms = trace.records.last().map(|r| r.timestamp as i64);
+        let span = coverage.last_ms.unwrap_or(0) - coverage.first_ms.unwrap_or(0);
+        coverage.summary = match (coverage.window_s, coverage.requests_in_window) {
+            (Some(window), Some(total)) if total > coverage.requests_read => format!(
+                "read {} of the {total} requests the routers hold for the last {window} s (at most {} per \
+                 router): the replay is a sample spanning {}",
+                coverage.requests_read,
+                MAX_WINDOW_RECORDS,
+                span_text(span)
+            ),
+            (Some(window), Some(total)) => format!(
+                "read all {total} requests the routers hold for the last {window} s ({} pages), arrivals spanning {}",
+                coverage.pages,
+                span_text(span)
+            ),
+            (Some(window), None) => format!(
+                "read {} requests of the last {window} s from the routers that answered, arrivals spanning {}; \
+                 the unreachable routers' traffic is missing",
+                coverage.requests_read,
+                span_text(span)
+            ),
+            _ => format!(
+                "read {} requests from the file, arrivals spanning {}",
+                coverage.requests_read,
+                span_text(span)
+            ),
         };
+        let replica_urls: Vec<String> = {
+            let mut urls: Vec<String> = self
+                .inner
+                .routers
+                .states()
+                .iter()
+                .flat_map(|s| s.replicas.iter().map(|r| r.url.clone()))
+                .collect();
+            if urls.is_empty() {
+                urls = self.rows().into_iter().map(|r| r.url).collect();
+            }
+            urls.sort();
+            urls.dedup();
+            urls
+        };
+        let replicas = args.replicas.unwrap_or((replica_urls.len() as u32).max(1));
         if !(1..=MAX_WHATIF_REPLICAS).contains(&replicas) {
             return Err(ApiError::new(
                 "bad_request",
                 format!("replicas is {replicas}; replay on 1 to {MAX_WHATIF_REPLICAS} replicas"),
             ));
         }
-        let prepared = replay::prepare(&trace, None, 1.0)
-            .map_err(|e| ApiError::new("bad_trace", format!("the traffic cannot be replayed: {e}")))?;
+        let facts = if args.profile.is_some() && args.kv_blocks.is_some() {
+            Vec::new()
+        } else {
+            crate::engine_profile::read_fleet_facts(&self.inner.http, &replica_urls, self.inner.limits).await
+        };
+        let chosen = crate::engine_profile::choose(&facts, args.profile.as_deref(), args.kv_blocks)?;
+        let (prepared, config) = prepare_for(&trace, &chosen)?;
+        let profile_shown = WhatIfProfile {
+            kv_blocks: config.capacity_blocks.unwrap_or(chosen.kv_blocks),
+            block_tokens: prepared.block_tokens,
+            ..chosen.shown.clone()
+        };
+        let fidelity = crate::fidelity::lookup(&active.policy, &candidate.policy);
 
         let jobs = &self.inner.rollout.whatif;
         let id = jobs.next.fetch_add(1, Ordering::Relaxed) + 1;
@@ -215,8 +438,9 @@ impl Control {
             state: "running".to_owned(),
             progress: 0.0,
             message: Some(format!(
-                "replaying {} requests from {source} on {replicas} replicas",
-                trace.records.len()
+                "replaying {} requests from {source} on {replicas} replicas with engine profile {}",
+                trace.records.len(),
+                profile_shown.name
             )),
             result: None,
         }));
@@ -232,9 +456,10 @@ impl Control {
             previous.cancel.store(true, Ordering::Relaxed);
         }
         let first = lock(&status).clone();
+        let base = ReplayConfig { replicas, ..config };
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let outcome = replay_both(&prepared, replicas, &candidate, &active, &cancel, &routed);
+            let outcome = replay_both(&prepared, &base, &candidate, &active, &cancel, &routed);
             let mut status = lock(&status);
             match outcome {
                 Ok((cand, act)) => {
@@ -248,6 +473,11 @@ impl Control {
                         candidate: figures(&candidate.policy, &cand),
                         active: figures(&active.policy, &act),
                         elapsed_ms: started.elapsed().as_millis() as u64,
+                        coverage,
+                        routers,
+                        baseline_notes: notes,
+                        profile: profile_shown,
+                        fidelity,
                     });
                 }
                 Err(_) if cancel.load(Ordering::Relaxed) => {
@@ -310,7 +540,8 @@ mod tests {
         let routed = [AtomicU64::new(0), AtomicU64::new(0)];
         let candidate = PolicySpec::named("consistent_hash");
         let active = PolicySpec::named("round_robin");
-        let (cand, act) = replay_both(&prepared, 4, &candidate, &active, &cancel, &routed).unwrap();
+        let base = ReplayConfig::new(4, PolicySpec::default());
+        let (cand, act) = replay_both(&prepared, &base, &candidate, &active, &cancel, &routed).unwrap();
         assert_eq!((cand.requests, act.requests), (400, 400));
         assert_eq!(routed[0].load(Ordering::Relaxed), 400);
         // Side by side is exactly each policy replayed alone: same trace, same engines, same seed.
@@ -324,7 +555,7 @@ mod tests {
         assert_eq!(shown.per_replica_requests.iter().sum::<u64>(), 400);
 
         cancel.store(true, Ordering::Relaxed);
-        assert!(replay_both(&prepared, 4, &candidate, &active, &cancel, &routed).is_err());
+        assert!(replay_both(&prepared, &base, &candidate, &active, &cancel, &routed).is_err());
     }
 
     #[test]

@@ -4,6 +4,8 @@
 
 #[path = "control/canary.rs"]
 mod canary;
+#[path = "control/demo.rs"]
+mod demo;
 #[path = "control/discovery.rs"]
 mod discovery;
 #[path = "control/etcd_fleet.rs"]
@@ -16,3 +18,5 @@ mod rollout;
 mod third_party;
 #[path = "control/views.rs"]
 mod views;
+#[path = "control/whatif.rs"]
+mod whatif;

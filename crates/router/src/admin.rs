@@ -14,6 +14,9 @@
 //! or after `T` (Unix ms) and were recorded after record number `N`. Its headers carry the cursor for the
 //! next call (`x-fleet-trace-next`), the router's start (`x-fleet-trace-epoch`: numbers restart with it)
 //! and, when the reader came back too late, how many records the ring dropped (`x-fleet-trace-missed`).
+//! A page holds at most `limit` records ([`TRACE_PAGE_DEFAULT`], at most [`TRACE_PAGE_MAX`]); a page cut
+//! there says how many more match (`x-fleet-trace-more`) and its `x-fleet-trace-next` is its last record,
+//! so a reader follows the cursor until `more` is 0.
 
 use std::sync::Arc;
 
@@ -355,6 +358,12 @@ pub const TRACE_NEXT_HEADER: HeaderName = HeaderName::from_static("x-fleet-trace
 pub const TRACE_EPOCH_HEADER: HeaderName = HeaderName::from_static("x-fleet-trace-epoch");
 /// Response header of `GET /admin/trace?after=N`: records after N the ring no longer holds.
 pub const TRACE_MISSED_HEADER: HeaderName = HeaderName::from_static("x-fleet-trace-missed");
+/// Response header of `GET /admin/trace`: matching records after this page (0: the page reached the newest).
+pub const TRACE_MORE_HEADER: HeaderName = HeaderName::from_static("x-fleet-trace-more");
+/// Records per `/admin/trace` page when the reader names no `limit` (about 2 MB of JSON lines).
+pub const TRACE_PAGE_DEFAULT: usize = 10_000;
+/// Most records per `/admin/trace` page.
+pub const TRACE_PAGE_MAX: usize = 50_000;
 
 #[derive(Deserialize)]
 struct TraceQuery {
@@ -362,10 +371,13 @@ struct TraceQuery {
     since: Option<u64>,
     /// Only records added after this one (the previous answer's `x-fleet-trace-next`).
     after: Option<u64>,
+    /// Records per page (default [`TRACE_PAGE_DEFAULT`], at most [`TRACE_PAGE_MAX`]).
+    limit: Option<usize>,
 }
 
 async fn get_trace(State(state): State<Arc<RouterState>>, Query(query): Query<TraceQuery>) -> Response {
-    let page = state.recorder.page(query.since.unwrap_or(0), query.after.unwrap_or(0));
+    let limit = query.limit.unwrap_or(TRACE_PAGE_DEFAULT).clamp(1, TRACE_PAGE_MAX);
+    let page = state.recorder.page(query.since.unwrap_or(0), query.after.unwrap_or(0), limit);
     let mut body = Vec::with_capacity(page.records.len() * 200);
     for record in &page.records {
         if fleet_trace::write_record(&mut body, record).is_err() {
@@ -385,6 +397,7 @@ async fn get_trace(State(state): State<Arc<RouterState>>, Query(query): Query<Tr
     if page.missed > 0 {
         headers.insert(TRACE_MISSED_HEADER, HeaderValue::from(page.missed));
     }
+    headers.insert(TRACE_MORE_HEADER, HeaderValue::from(page.more));
     response
 }
 

@@ -50,6 +50,9 @@ pub struct TracePage {
     /// Records added after the cursor that the ring no longer holds (the reader came back too late);
     /// always 0 for a first read (`after` 0), which asks only for what the ring holds.
     pub missed: u64,
+    /// Matching records the ring holds after this page (the page stopped at its limit): ask again with
+    /// `next` to read them. 0 when the page reached the newest record.
+    pub more: u64,
 }
 
 impl Recorder {
@@ -92,18 +95,37 @@ impl Recorder {
     }
 
     /// Records added after record number `after` (0: from the first) whose arrival is at or after
-    /// `since_ms`. A cursor past the newest record (the router restarted since the reader's last call)
-    /// counts as 0, and the page's `next` is then below it.
-    pub fn page(&self, since_ms: u64, after: u64) -> TracePage {
+    /// `since_ms`, at most `limit` of them. A cursor past the newest record (the router restarted since the
+    /// reader's last call) counts as 0, and the page's `next` is then below it. A page cut at `limit` ends
+    /// at its last record (`next` is that record's number) and says how many more match (`more`).
+    pub fn page(&self, since_ms: u64, after: u64, limit: usize) -> TracePage {
         let ring = self.ring.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let newest = self.recorded.load(Ordering::Relaxed);
         let after = if after > newest { 0 } else { after };
         // The ring holds records `oldest + 1 ..= newest`.
         let oldest = newest - ring.len() as u64;
         let skip = usize::try_from(after.saturating_sub(oldest)).unwrap_or(usize::MAX);
-        let records = ring.iter().skip(skip).filter(|record| record.timestamp >= since_ms).cloned().collect();
+        let mut records = Vec::new();
+        let mut next = newest;
+        let mut more = 0u64;
+        for (offset, record) in ring.iter().enumerate().skip(skip) {
+            if record.timestamp < since_ms {
+                continue;
+            }
+            if records.len() == limit {
+                more += 1;
+                continue;
+            }
+            records.push(record.clone());
+            if records.len() == limit {
+                next = oldest + offset as u64 + 1;
+            }
+        }
+        if more == 0 {
+            next = newest;
+        }
         let missed = if after == 0 { 0 } else { oldest.saturating_sub(after) };
-        TracePage { records, next: newest, missed }
+        TracePage { records, next, missed, more }
     }
 }
 
@@ -197,39 +219,56 @@ mod tests {
         for t in 0..5 {
             recorder.record(record(t * 10));
         }
-        let kept: Vec<u64> = recorder.page(0, 0).records.iter().map(|r| r.timestamp).collect();
+        let kept: Vec<u64> = recorder.page(0, 0, usize::MAX).records.iter().map(|r| r.timestamp).collect();
         assert_eq!(kept, [20, 30, 40]);
-        assert_eq!(recorder.page(30, 0).records.len(), 2);
+        assert_eq!(recorder.page(30, 0, usize::MAX).records.len(), 2);
     }
 
     #[test]
     fn a_cursor_pages_through_records_in_the_order_they_were_added() {
         let recorder = Recorder::new(&RecordConfig { ring_capacity: 4, ..RecordConfig::default() }).unwrap();
         let arrivals = |page: &TracePage| page.records.iter().map(|r| r.timestamp).collect::<Vec<_>>();
-        assert_eq!(recorder.page(0, 0), TracePage::default());
+        assert_eq!(recorder.page(0, 0, usize::MAX), TracePage::default());
         // A long request that arrived first (at 5) completes after two short ones.
         for t in [10, 20, 5] {
             recorder.record(record(t));
         }
-        let first = recorder.page(0, 0);
+        let first = recorder.page(0, 0, usize::MAX);
         assert_eq!((arrivals(&first), first.next, first.missed), (vec![10, 20, 5], 3, 0));
         recorder.record(record(30));
-        let second = recorder.page(0, first.next);
+        let second = recorder.page(0, first.next, usize::MAX);
         assert_eq!((arrivals(&second), second.next, second.missed), (vec![30], 4, 0));
         // The arrival filter still applies to the page.
-        assert_eq!(arrivals(&recorder.page(15, 0)), [20, 30]);
+        assert_eq!(arrivals(&recorder.page(15, 0, usize::MAX)), [20, 30]);
         // Six more: the ring (4) dropped two records the reader never saw.
         for t in 40..46 {
             recorder.record(record(t));
         }
-        let late = recorder.page(0, second.next);
+        let late = recorder.page(0, second.next, usize::MAX);
         assert_eq!((arrivals(&late), late.next, late.missed), (vec![42, 43, 44, 45], 10, 2));
         // A first read asks for what the ring holds: nothing counts as missed.
-        assert_eq!(recorder.page(0, 0).missed, 0);
+        assert_eq!(recorder.page(0, 0, usize::MAX).missed, 0);
         // A cursor from before a restart (past the newest record) reads everything again.
-        let restarted = recorder.page(0, 99);
+        let restarted = recorder.page(0, 99, usize::MAX);
         assert_eq!((restarted.records.len(), restarted.next), (4, 10));
         assert!(restarted.next < 99);
+    }
+
+    #[test]
+    fn a_limited_page_ends_at_its_last_record_and_counts_the_rest() {
+        let recorder = Recorder::new(&RecordConfig { ring_capacity: 10, ..RecordConfig::default() }).unwrap();
+        for t in [5, 10, 1, 20, 30, 40, 50] {
+            recorder.record(record(t));
+        }
+        let arrivals = |page: &TracePage| page.records.iter().map(|r| r.timestamp).collect::<Vec<_>>();
+        // Arrivals from 10 on: record 3 (arrival 1) is skipped but the cursor moves past it.
+        let first = recorder.page(10, 0, 3);
+        assert_eq!((arrivals(&first), first.next, first.more), (vec![10, 20, 30], 5, 2));
+        let second = recorder.page(10, first.next, 3);
+        assert_eq!((arrivals(&second), second.next, second.more), (vec![40, 50], 7, 0));
+        // Exactly at the limit with nothing after: the page ends at the newest record.
+        let exact = recorder.page(40, 0, 2);
+        assert_eq!((arrivals(&exact), exact.next, exact.more), (vec![40, 50], 7, 0));
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub fn WhatIfView() -> impl IntoView {
     let text = RwSignal::new(stored_candidate().unwrap_or_else(|| "policy: cache_aware_approx".to_owned()));
     let window_s = RwSignal::new(600_u32);
     let trace_path = RwSignal::new(String::new());
+    // The operator's engine profile and KV capacity (empty: chosen from the replicas' metrics).
+    let profile = RwSignal::new(String::new());
+    let kv_blocks = RwSignal::new(String::new());
     let status = RwSignal::new(None::<WhatIfStatus>);
     let error = RwSignal::new(None::<ApiError>);
     let edits = RwSignal::new(0_u64);
@@ -34,6 +37,8 @@ pub fn WhatIfView() -> impl IntoView {
             window_s: window_s.get_untracked(),
             trace_path: Some(trace_path.get_untracked()).filter(|p| !p.trim().is_empty()),
             replicas: None,
+            profile: Some(profile.get_untracked()).filter(|p| !p.trim().is_empty()),
+            kv_blocks: kv_blocks.get_untracked().trim().parse().ok(),
         };
         store_candidate(&args.text);
         spawn_local(async move {
@@ -73,6 +78,7 @@ pub fn WhatIfView() -> impl IntoView {
     Effect::new(move |first: Option<()>| {
         text.track();
         window_s.track();
+        profile.track();
         if first.is_none() {
             run();
             return;
@@ -117,6 +123,19 @@ pub fn WhatIfView() -> impl IntoView {
                         <input type="text" placeholder="trace.jsonl" data-testid="whatif-trace"
                             prop:value=move || trace_path.get()
                             on:change=move |ev| trace_path.set(event_target_value(&ev)) />
+                    </label>
+                    <label title="the engine profile the replay uses; automatic: from the replicas' model and KV capacity">" engine profile "
+                        <select data-testid="whatif-profile" on:change=move |ev| profile.set(event_target_value(&ev))>
+                            <option value="" selected=true>"automatic (from the fleet)"</option>
+                            <option value="llama-3.1-8b-h100">"llama-3.1-8b-h100"</option>
+                            <option value="llama-3.1-8b-a100">"llama-3.1-8b-a100"</option>
+                            <option value="llama-3.1-70b-8xh100">"llama-3.1-70b-8xh100"</option>
+                        </select>
+                    </label>
+                    <label title="KV capacity per replica in blocks; empty: what the replicas report">" KV blocks "
+                        <input type="text" size="7" placeholder="auto" data-testid="whatif-kv-blocks"
+                            prop:value=move || kv_blocks.get()
+                            on:change=move |ev| kv_blocks.set(event_target_value(&ev)) />
                     </label>
                     <button data-testid="whatif-run" on:click=move |_| run()>"Run"</button>
                     <button data-testid="whatif-cancel" on:click=cancel
@@ -191,6 +210,37 @@ fn result_view(r: &WhatIfResult) -> impl IntoView + use<> {
                 {row("TTFT p50", "ttft-p50", |f| format::duration_s(f.ttft_p50_s))}
                 {row("TTFT p95", "ttft-p95", |f| format::duration_s(f.ttft_p95_s))}
                 {row("Imbalance (max/mean prefill)", "imbalance", |f| f.imbalance.map(|v| format!("{v:.2}")).unwrap_or_default())}
+            </tbody>
+        </table>
+        <p class="muted" data-testid="whatif-fidelity">{r.fidelity.as_ref().map_or_else(
+            || "fidelity: the bench has not measured this kind of change (cargo xtask bench fidelity)".to_owned(),
+            |f| f.summary.clone())}</p>
+        <p data-testid="whatif-coverage">{format!("Coverage: {}", r.coverage.summary)}</p>
+        <p data-testid="whatif-profile-used">{format!(
+            "Engine profile: {} ({}), {} KV blocks of {} tokens per replica{}: {}",
+            r.profile.name, r.profile.model, r.profile.kv_blocks, r.profile.block_tokens,
+            if r.profile.overridden { ", chosen by you" } else { "" }, r.profile.reason)}</p>
+        <ul class="whatif-notes" data-testid="whatif-notes">
+            {r.baseline_notes.iter().map(|n| view! { <li>{n.clone()}</li> }).collect_view()}
+        </ul>
+        <table class="replicas" data-testid="whatif-routers">
+            <thead><tr><th>"router"</th><th>"runs"</th><th class="num">"requests read"</th><th></th></tr></thead>
+            <tbody>
+                {r.routers.iter().map(|router| view! {
+                    <tr>
+                        <td>{router.url.clone()}</td>
+                        <td>{match (&router.policy, router.version) {
+                            (Some(p), Some(v)) => format!("{p} v{v}"),
+                            _ => "unknown".to_owned(),
+                        }}</td>
+                        <td class="num">{router.requests}</td>
+                        <td>{match (&router.error, router.differs) {
+                            (Some(e), _) => format!("unreachable: {e}"),
+                            (None, true) => "differs from the baseline".to_owned(),
+                            (None, false) => "baseline".to_owned(),
+                        }}</td>
+                    </tr>
+                }).collect_view()}
             </tbody>
         </table>
         <div class="whatif-loads">

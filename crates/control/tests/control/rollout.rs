@@ -208,6 +208,8 @@ async fn what_if_replays_recorded_traffic_under_both_policies() -> Result<()> {
             window_s: 600,
             trace_path: None,
             replicas: Some(2),
+            profile: None,
+            kv_blocks: None,
         })
         .await?;
     let done = eventually("the what-if result", Duration::from_secs(60), || {
@@ -238,6 +240,8 @@ async fn what_if_replays_recorded_traffic_under_both_policies() -> Result<()> {
             window_s: 600,
             trace_path: None,
             replicas: None,
+            profile: None,
+            kv_blocks: None,
         })
         .await
         .expect_err("invalid candidate");
