@@ -157,6 +157,11 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     assert!(whatif.contains("coverage: read all"), "{whatif}");
     assert!(whatif.contains("engine profile: llama-3.1-8b-h100"), "{whatif}");
     assert!(whatif.contains("fidelity"), "{whatif}");
+    // And whether the TTFTs include the time outside the engine measured from the recording.
+    assert!(
+        whatif.contains("spends outside the engine") || whatif.contains("the engine model's alone"),
+        "{whatif}"
+    );
     println!("what-if: {}", text_of(&browser, "[data-testid=whatif-elapsed]").await?);
     screenshot(&browser, "rollout-whatif.png").await?;
 
@@ -304,7 +309,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     .await?;
     screenshot(&browser, "rollout-history.png").await?;
 
-    // 6. A push whose version went stale is refused and shown so; an invalid spec reaches no router.
+    // 6. A push whose version went stale is refused and shown as moved; an invalid spec reaches no router.
     browser.goto(&app.view("#/push")).await?;
     set(&browser, "push-spec", json!("policy: consistent_hash\nparams:\n  load_factor: 2\n")).await?;
     eventually("a diff against the current versions", WAIT, || async {
@@ -332,8 +337,8 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     })
     .await?;
     let a_row = refused.iter().find(|(_, t)| t.contains(&router_a.url())).context("router a's row")?;
-    assert_eq!(a_row.0, "refused", "{refused:?}");
-    assert!(a_row.1.contains("409") && a_row.1.contains("version_conflict"), "{refused:?}");
+    assert_eq!(a_row.0, "moved", "{refused:?}");
+    assert!(a_row.1.contains("moved meanwhile") && a_row.1.contains("you reviewed version"), "{refused:?}");
     assert_eq!(router_policy(&router_a).await?.1["policy"], "round_robin");
 
     let versions = (router_policy(&router_a).await?.0, router_policy(&router_b).await?.0);

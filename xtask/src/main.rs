@@ -36,7 +36,8 @@ const BUILD_PACKAGES: &[&str] = &[
 
 /// Extra Debian packages for the test suite: a virtual display, WebKit's and Chromium's
 /// WebDriver servers, the browser itself, Prometheus, openssl + curl (a certificate and a
-/// real TLS client for the router's HTTPS test), etcd, and cmake (llama.cpp's build, `engines.rs`).
+/// real TLS client for the router's HTTPS test), etcd, cmake (llama.cpp's build, `engines.rs`) and
+/// dnsmasq (the DNS server behind the SRV-discovery test).
 const TEST_PACKAGES: &[&str] = &[
     "xvfb",
     "xauth",
@@ -49,6 +50,7 @@ const TEST_PACKAGES: &[&str] = &[
     "etcd-server",
     "etcd-client",
     "cmake",
+    "dnsmasq-base",
 ];
 
 /// The tauri-driver release known to work with tauri 2 here.

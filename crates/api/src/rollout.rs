@@ -427,6 +427,11 @@ pub struct WhatIfResult {
     /// What the fidelity bench measured for this kind of change (`None`: never measured).
     #[serde(default)]
     pub fidelity: Option<crate::WhatIfFidelity>,
+    /// Per-request time outside the engine model, measured from the recording (its median TTFT under the
+    /// active policy minus the replay's) and included in both sides' TTFTs; `None`: not measurable (a trace
+    /// file, too few recorded first tokens), nothing added.
+    #[serde(default)]
+    pub ttft_overhead_ms: Option<f64>,
 }
 
 /// A what-if job's state.

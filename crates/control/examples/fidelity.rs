@@ -8,7 +8,7 @@
 //! `cargo run --release -p fleetdeck-control --example fidelity -- [OUT.json] [REQUESTS]`
 //!
 //! Measured figures come from the router's recording of the first REQUESTS answered requests (cached over
-//! prompt tokens as the replicas reported them in usage; time to the first upstream byte as TTFT).
+//! prompt tokens as the replicas reported them in usage; time to the first streamed token as TTFT).
 
 use std::time::Duration;
 
@@ -206,8 +206,11 @@ async fn main() -> Result<()> {
             );
         }
         println!(
-            "  profile: {} ({})  coverage: {}",
-            predicted.profile.name, predicted.profile.reason, predicted.coverage.summary
+            "  profile: {} ({})  coverage: {}  time outside the engine: {}",
+            predicted.profile.name,
+            predicted.profile.reason,
+            predicted.coverage.summary,
+            predicted.ttft_overhead_ms.map_or("not measured".to_owned(), |ms| format!("{ms:.1} ms"))
         );
         pairs.push(pair);
     }

@@ -134,6 +134,9 @@ impl DemoFleet {
     }
 }
 
+/// The history fleet of a demo started from the UI (`start_demo`).
+pub const DEMO_FLEET: &str = "demo";
+
 /// Most replicas the UI may ask the demo for.
 const MAX_UI_DEMO_REPLICAS: u32 = 64;
 
@@ -157,12 +160,40 @@ impl crate::Control {
         if let Some(demo) = running.as_ref() {
             return Ok(demo.clone());
         }
+        // The demo's history goes to a fleet of its own in this database: mixed into the operator's
+        // fleet, its samples and pushes would pollute every later before/after comparison.
+        let watched = self.watched_count();
+        if watched > 0 {
+            return Err(ApiError::new(
+                "conflict",
+                format!(
+                    "this app already watches {watched} replica(s); the demo starts only in an app with no fleet, \
+                     so its samples never mix with a real fleet's: run `fleetdeck --demo` (its own database) instead"
+                ),
+            ));
+        }
+        let history_error = |e: fleet_store::StoreError| {
+            ApiError::new("history", format!("cannot set up the demo's history: {e}"))
+        };
+        self.inner
+            .store
+            .create_fleet(DEMO_FLEET, crate::fleet::unix_ms_now())
+            .await
+            .map_err(history_error)?;
         let config = DemoConfig { replicas: args.replicas as usize, ..DemoConfig::default() };
         let demo = DemoFleet::start(&config, &self.inner.token_dir, &self.inner.cancel)
             .await
             .map_err(|e| ApiError::new("internal", format!("the demo fleet did not start: {e:#}")))?;
+        for url in &demo.replica_urls {
+            self.inner
+                .store
+                .assign_replica(url, fleet_sim::DEFAULT_MODEL, DEMO_FLEET, crate::fleet::unix_ms_now())
+                .await
+                .map_err(history_error)?;
+        }
+        *self.inner.history_fleet.lock().unwrap_or_else(|p| p.into_inner()) = DEMO_FLEET;
         self.add_group(demo.replica_urls.clone());
-        self.inner.routers.add(demo.router.clone(), &self.inner.store).await;
+        self.inner.routers.add(demo.router.clone(), &self.inner.store, DEMO_FLEET).await;
         self.inner.routers.poll().await;
         let started = DemoStarted { replicas: demo.replica_urls, router: demo.router_url };
         *running = Some(started.clone());

@@ -320,7 +320,7 @@ impl Control {
                 token_file: router.token_file.clone(),
                 ..RouterTarget::default()
             };
-            self.inner.routers.add(target, &self.inner.store).await;
+            self.inner.routers.add(target, &self.inner.store, self.history_fleet()).await;
         }
         for router in before.routers.difference(&found.routers) {
             if !found.routers.iter().any(|r| r.url == router.url) {

@@ -154,6 +154,9 @@ pub(crate) struct Inner {
     pub(crate) saved: Mutex<SavedSettings>,
     /// The demo fleet started from the UI, if any (`start_demo`).
     pub(crate) demo: tokio::sync::Mutex<Option<fleetdeck_api::DemoStarted>>,
+    /// The fleet of the history this launch writes and reads (audit trail, comparisons): `default`, or
+    /// `demo` once the demo was started from the UI, so demo samples never mix with a real fleet's.
+    pub(crate) history_fleet: Mutex<&'static str>,
     pub(crate) prometheus: crate::sources::PromSources,
     /// Intended policy, canary and what-if jobs.
     pub(crate) rollout: crate::rollout::RolloutState,
@@ -220,7 +223,7 @@ impl Control {
             }
             None => None,
         };
-        let routers = Routers::new(http.clone(), routers, &store).await;
+        let routers = Routers::new(http.clone(), routers, &store, fleet_store::DEFAULT_FLEET).await;
         let inner = Arc::new(Inner {
             store,
             http,
@@ -234,6 +237,7 @@ impl Control {
             trace_dir: config.trace_dir,
             saved: Mutex::new(saved.clone()),
             demo: Default::default(),
+            history_fleet: Mutex::new(fleet_store::DEFAULT_FLEET),
             prometheus: crate::sources::PromSources::default(),
             rollout: Default::default(),
             policy_store,
@@ -275,6 +279,11 @@ impl Control {
         Ok(control)
     }
 
+    /// The fleet whose history this launch writes and reads (see [`Inner::history_fleet`]).
+    pub(crate) fn history_fleet(&self) -> &'static str {
+        *lock(&self.inner.history_fleet)
+    }
+
     /// Starts one scheduler over `urls` with fresh ids.
     pub(crate) fn add_group(&self, urls: Vec<String>) {
         let mut targets = lock(&self.inner.targets);
@@ -310,6 +319,11 @@ impl Control {
             Scheduler::start(specs, config, self.inner.http.clone(), stop.clone());
         tokio::spawn(batch_rounds(observations, self.inner.history.clone(), interval));
         Group { scheduler, stop, targets }
+    }
+
+    /// How many replicas are watched.
+    pub(crate) fn watched_count(&self) -> usize {
+        lock(&self.inner.targets).groups.iter().map(|g| g.targets.len()).sum()
     }
 
     /// Whether `url` is watched already.

@@ -83,8 +83,9 @@ impl Control {
     pub async fn policy_history(&self) -> Result<PolicyHistory, ApiError> {
         let store = &self.inner.store;
         let now_ms = unix_ms_now();
-        let versions = store.policy_versions(fleet_store::DEFAULT_FLEET).await.map_err(history_error)?;
-        let pushes = store.fleet_pushes(fleet_store::DEFAULT_FLEET).await.map_err(history_error)?;
+        let fleet = self.history_fleet();
+        let versions = store.policy_versions(fleet).await.map_err(history_error)?;
+        let pushes = store.fleet_pushes(fleet).await.map_err(history_error)?;
         let windows = fleet_store::active_windows(&pushes, now_ms);
         let mut rows = Vec::new();
         for version in versions {
@@ -115,7 +116,7 @@ impl Control {
         let (a, b) = (to_spec(&args.a)?, to_spec(&args.b)?);
         let store = &self.inner.store;
         let now_ms = unix_ms_now();
-        let options = CompareOptions::default();
+        let options = CompareOptions { fleet: self.history_fleet().to_owned(), ..CompareOptions::default() };
         let comparison = store.compare(&a, &b, now_ms, &options).await.map_err(|e| {
             let message = e.to_string();
             ApiError::new("bad_request", format!("cannot compare these windows: {message}"))

@@ -178,9 +178,22 @@ pub fn drift_badge(intended: Option<&PolicySpec>, active: Option<&ActivePolicy>)
     }
 }
 
-fn push_result(outcome: &PushOutcome) -> PushResult {
+/// What the UI shows of one router's push. A 409 to a push conditioned on the reviewed version means the
+/// router moved after the operator looked: said so in words, since the fix is to review again, not retry.
+fn push_result(outcome: &PushOutcome, if_version: Option<u64>) -> PushResult {
     match outcome.clone() {
         PushOutcome::Applied { version } => PushResult::Applied { version },
+        PushOutcome::Refused { status: 409, code, message } if code == "version_conflict" => {
+            let reviewed =
+                if_version.map_or_else(|| "the version it ran".to_owned(), |v| format!("version {v}"));
+            PushResult::Refused {
+                status: 409,
+                code,
+                message: format!(
+                    "moved meanwhile: you reviewed {reviewed}; left as it is, review its change again ({message})"
+                ),
+            }
+        }
         PushOutcome::Refused { status, code, message } => PushResult::Refused { status, code, message },
         PushOutcome::Unreachable { error } => PushResult::Unreachable { error },
     }
@@ -350,7 +363,7 @@ impl Control {
         if cached.is_some() {
             return cached;
         }
-        let versions = self.inner.store.policy_versions(fleet_store::DEFAULT_FLEET).await.ok()?;
+        let versions = self.inner.store.policy_versions(self.history_fleet()).await.ok()?;
         let last = versions.into_iter().rev().find_map(|v| {
             let spec = v.spec.parse::<PolicySpec>().ok()?;
             Some((v.label, spec))
@@ -411,7 +424,7 @@ impl Control {
                 format!("{label_hint}@{created_ms}.{attempt}")
             };
             let version = NewPolicyVersion {
-                fleet: fleet_store::DEFAULT_FLEET,
+                fleet: self.history_fleet(),
                 label: &label,
                 spec: &spec_text,
                 author,
@@ -446,7 +459,7 @@ impl Control {
 
     async fn note(&self, author: &str, text: &str) {
         let annotation = NewAnnotation {
-            fleet: fleet_store::DEFAULT_FLEET,
+            fleet: self.history_fleet(),
             kind: AnnotationKind::Note,
             start_ms: unix_ms_now(),
             end_ms: None,
@@ -488,7 +501,11 @@ impl Control {
         let mut results = Vec::new();
         for (client, (if_version, outcome)) in clients.iter().zip(outcomes) {
             self.record_outcome(&label, &client.url, &outcome).await;
-            results.push(RouterPush { url: client.url.clone(), if_version, result: push_result(&outcome) });
+            results.push(RouterPush {
+                url: client.url.clone(),
+                if_version,
+                result: push_result(&outcome, if_version),
+            });
         }
         if results.iter().any(|r| matches!(r.result, PushResult::Applied { .. })) {
             *lock(&self.rollout().intended) = Some((label.clone(), spec));

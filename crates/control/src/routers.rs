@@ -81,16 +81,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Routers {
-    pub(crate) async fn new(http: reqwest::Client, targets: Vec<RouterTarget>, store: &Store) -> Self {
+    pub(crate) async fn new(
+        http: reqwest::Client,
+        targets: Vec<RouterTarget>,
+        store: &Store,
+        fleet: &str,
+    ) -> Self {
         let routers = Self { http, entries: Mutex::new(Vec::new()), markers: Mutex::new(Vec::new()) };
         for target in targets {
-            routers.add(target, store).await;
+            routers.add(target, store, fleet).await;
         }
         routers
     }
 
-    /// Adds (or replaces) a router and records it in the audit trail with its token file.
-    pub(crate) async fn add(&self, target: RouterTarget, store: &Store) {
+    /// Adds (or replaces) a router and records it in `fleet`'s audit trail with its token file.
+    pub(crate) async fn add(&self, target: RouterTarget, store: &Store, fleet: &str) {
         let (token, token_error) = match (&target.token, &target.token_file) {
             (Some(token), _) => (Some(token.clone()), None),
             (None, Some(path)) => match fleet_store::secrets::read_token_file(path) {
@@ -99,9 +104,7 @@ impl Routers {
             },
             (None, None) => (None, None),
         };
-        if let Err(error) =
-            store.register_router(fleet_store::DEFAULT_FLEET, &target.url, target.token_file.as_deref()).await
-        {
+        if let Err(error) = store.register_router(fleet, &target.url, target.token_file.as_deref()).await {
             tracing::warn!(%error, url = %target.url, "could not record the router in the history");
         }
         let entry = Entry {

@@ -172,7 +172,7 @@ impl Control {
     /// Acknowledged pushes in the audit trail between `since` and `until`.
     async fn audit_markers(&self, since: i64, until: i64) -> Result<Vec<PolicyMarker>, ApiError> {
         let store = &self.inner.store;
-        let pushes = store.fleet_pushes(fleet_store::DEFAULT_FLEET).await.map_err(history_error)?;
+        let pushes = store.fleet_pushes(self.history_fleet()).await.map_err(history_error)?;
         let markers = pushes
             .into_iter()
             .filter(|push| matches!(push.outcome, fleet_store::PushOutcome::Acknowledged { .. }))
@@ -295,7 +295,7 @@ impl Control {
                     token_file: Some(token_file.clone()),
                     metrics_url: None,
                 };
-                self.inner.routers.add(target, &self.inner.store).await;
+                self.inner.routers.add(target, &self.inner.store, self.history_fleet()).await;
                 self.save(|s| {
                     s.routers.retain(|r| r.url != url);
                     s.routers.push(SavedRouter { url: url.clone(), token_file: Some(token_file.clone()) });

@@ -418,6 +418,7 @@ fn trace_record(
         session: view.session_key.as_deref().map(session_hash),
         hash_ids: view.block_hashes,
         block_tokens: Some(block_tokens),
+        chained: true,
         model: model.clone(),
         replica: Some(replica.spec.url.clone()),
         branch: Some(branch_label(decision.branch).to_owned()),

@@ -35,6 +35,10 @@ pub struct FleetArgs {
     /// Seed of the policy's random draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Feed replicas' metrics (queue, running, KV usage) to the policy every MS virtual milliseconds, as a
+    /// router that scrapes them would (0: before every pick). Default: none, as fleet-router sees.
+    #[arg(long, value_name = "MS")]
+    pub replica_metrics_ms: Option<u64>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -121,6 +125,7 @@ fn prepare(fleet: &FleetArgs) -> Result<(PreparedTrace, ReplayConfig)> {
     config.profile = profile;
     config.capacity_blocks = fleet.capacity_blocks;
     config.seed = fleet.seed;
+    config.metrics_interval_ms = fleet.replica_metrics_ms;
     Ok((prepared, config))
 }
 

@@ -34,6 +34,11 @@ pub struct TraceRecord {
     /// Tokens per entry of `hash_ids`; `None` means [`MOONCAKE_BLOCK_TOKENS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_tokens: Option<u32>,
+    /// `hash_ids` are fleet-policy's chained prefix hashes already (as fleet-router records them), not ids
+    /// to chain: a replay uses them as they are, so hash-keyed policies (consistent_hash's ring) see the very
+    /// keys the live router saw. Absent (false) in Mooncake traces.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chained: bool,
     /// The served model the request asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -264,7 +269,12 @@ mod tests {
         write_record(&mut out, &record).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.ends_with('\n') && !text.contains("model") && !text.contains("ttft_ms"));
+        assert!(!text.contains("chained"), "a Mooncake-style record stays one: {text}");
         assert_eq!(parse_line(text.trim(), 1).unwrap(), record);
+        let recorded = TraceRecord { chained: true, ..record };
+        let mut out = Vec::new();
+        write_record(&mut out, &recorded).unwrap();
+        assert_eq!(parse_line(String::from_utf8(out).unwrap().trim(), 1).unwrap(), recorded);
     }
 
     #[test]

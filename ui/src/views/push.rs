@@ -165,6 +165,7 @@ pub fn PushView() -> impl IntoView {
                                     // message must stay readable, not upper-cased into a pill.
                                     let (class, outcome, detail) = match &p.result {
                                         PushResult::Applied { version } => ("badge badge-ok", "applied", format!("v{version}")),
+                                        PushResult::Refused { status: 409, code, message } if code == "version_conflict" => ("badge badge-pending", "moved", message.clone()),
                                         PushResult::Refused { status, code, message } => ("badge badge-error", "refused", format!("{status} {code}: {message}")),
                                         PushResult::Unreachable { error } => ("badge badge-pending", "unreachable", error.clone()),
                                     };

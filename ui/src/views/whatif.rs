@@ -215,6 +215,10 @@ fn result_view(r: &WhatIfResult) -> impl IntoView + use<> {
         <p class="muted" data-testid="whatif-fidelity">{r.fidelity.as_ref().map_or_else(
             || "fidelity: the bench has not measured this kind of change (cargo xtask bench fidelity)".to_owned(),
             |f| f.summary.clone())}</p>
+        <p class="muted" data-testid="whatif-overhead">{r.ttft_overhead_ms.map_or_else(
+            || "TTFT: the engine model's alone (the traffic carries no recorded first tokens to measure the rest from)".to_owned(),
+            |ms| format!("TTFT includes {ms:.1} ms a request spends outside the engine (router, HTTP, tokenising), \
+                          measured from the recording: its median under {} minus the replay's", r.active.policy))}</p>
         <p data-testid="whatif-coverage">{format!("Coverage: {}", r.coverage.summary)}</p>
         <p data-testid="whatif-profile-used">{format!(
             "Engine profile: {} ({}), {} KV blocks of {} tokens per replica{}: {}",

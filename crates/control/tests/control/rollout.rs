@@ -131,7 +131,9 @@ async fn a_stale_push_is_refused_and_an_invalid_spec_never_reaches_a_router() ->
     match result(&a) {
         Some(PushResult::Refused { status: 409, code, message }) => {
             assert_eq!(code, "version_conflict");
-            assert!(message.contains("version"), "{message}");
+            let reviewed = diff_a.version.expect("a runs a version");
+            assert!(message.starts_with("moved meanwhile"), "{message}");
+            assert!(message.contains(&format!("you reviewed version {reviewed}")), "{message}");
         }
         other => bail!("router a should refuse a stale push, got {other:?}"),
     }

@@ -264,5 +264,40 @@ async fn the_demo_starts_from_an_empty_app_once_and_is_not_saved() -> Result<()>
     // The demo's ports change every start, so nothing of it is kept for the next one.
     let saved = fleetdeck_control::settings::SavedSettings::load(&dir.path().join("settings.json"))?;
     assert_eq!(saved, Default::default());
+
+    // Its history is the demo fleet's, never the default fleet's a real fleet will later write.
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("history.sqlite").display()))
+        .await?;
+    let per_fleet = "SELECT f.name, COUNT(s.ts_ms) FROM samples s JOIN replicas r ON r.id = s.replica_id \
+                     JOIN fleets f ON f.id = COALESCE(r.fleet_id, 1) GROUP BY f.name ORDER BY f.name";
+    let counts: Vec<(String, i64)> =
+        eventually("demo samples in the history", Duration::from_secs(30), || {
+            let db = db.clone();
+            async move {
+                let counts: Vec<(String, i64)> = sqlx::query_as(per_fleet).fetch_all(&db).await?;
+                Ok((!counts.is_empty()).then_some(counts))
+            }
+        })
+        .await?;
+    assert_eq!(counts.iter().map(|(fleet, _)| fleet.as_str()).collect::<Vec<_>>(), ["demo"], "{counts:?}");
+    let routers: Vec<(String,)> =
+        sqlx::query_as("SELECT f.name FROM routers r JOIN fleets f ON f.id = r.fleet_id")
+            .fetch_all(&db)
+            .await?;
+    assert_eq!(routers, [("demo".to_owned(),)], "the demo's router is audited under the demo fleet");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_demo_refuses_to_join_an_app_that_watches_a_fleet() -> Result<()> {
+    let sim = spawn_sim(1, Default::default()).await?;
+    let dir = tempfile::tempdir()?;
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let config = ControlConfig::new(sim.urls().to_vec(), dir.path().join("history.sqlite"));
+    let control = Control::start(config, stop).await?;
+    let refused = control.start_demo(StartDemoArgs { replicas: 2 }).await.unwrap_err();
+    assert_eq!(refused.code, "conflict");
+    assert!(refused.message.contains("fleetdeck --demo"), "{}", refused.message);
     Ok(())
 }

@@ -95,6 +95,9 @@ async fn the_baseline_is_what_each_router_runs_and_an_unreachable_router_is_repo
     let result = run(&control, args(None, None)).await?;
     // The busier router runs round_robin: that is the baseline, whatever the app last meant to push.
     assert_eq!(result.active.policy, "round_robin");
+    // The time a request spends outside the engine model is measured from the recorded first tokens.
+    let overhead = result.ttft_overhead_ms.context("the recording has first tokens under round_robin")?;
+    assert!((0.0..1000.0).contains(&overhead), "{overhead}");
     let row = |url: &str| result.routers.iter().find(|r| r.url == url).cloned().context("router row");
     let (main_row, odd_row, gone_row) = (row(&main.url())?, row(&odd.url())?, row(&gone)?);
     assert_eq!((main_row.policy.as_deref(), main_row.differs), (Some("round_robin"), false));

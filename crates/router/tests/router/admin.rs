@@ -291,6 +291,7 @@ async fn decisions_state_trace_and_metrics_show_the_traffic() -> Result<()> {
     let records = fleet_trace::read_trace(trace.as_bytes())?;
     let first = &records.records[0];
     assert!(first.hash_ids.len() >= 8);
+    assert!(first.chained, "the router records its policy's chained hashes and says so");
     assert_eq!(first.output_length, 3);
     assert_eq!(first.replica.as_deref(), Some(served[0].as_str()));
     assert_eq!(first.status, Some(200));

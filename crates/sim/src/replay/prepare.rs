@@ -1,8 +1,10 @@
 //! Turning trace records into engine requests: arrival times and block hashes at the engine's block size.
 //!
 //! A trace names each `block_tokens`-token block of a prompt by an id (Mooncake `hash_ids`, or a recorded
-//! trace's chained hashes). Ids are chained ([`fleet_policy::chain_block_ids`]) so a hash names the whole
-//! prefix, as in both formats equal ids at the same position mean equal prefixes. Only full blocks are
+//! trace's chained hashes). Mooncake ids are chained ([`fleet_policy::chain_block_ids`]) so a hash names the
+//! whole prefix, as equal ids at the same position mean equal prefixes; a recorded trace's hashes (`chained`)
+//! are used as they are, so a policy keyed on them (consistent_hash) places each prefix where the live router
+//! did. Only full blocks are
 //! cacheable (`input_length / block_tokens` of them); a trailing partial block's id is ignored.
 //!
 //! The engine may use another block size than the trace, as long as one divides the other:
@@ -80,7 +82,11 @@ pub fn prepare(trace: &Trace, block_tokens: Option<u32>, speedup: f64) -> Result
         .records
         .iter()
         .map(|record| {
-            let chained = fleet_policy::chain_block_ids(&record.hash_ids);
+            let chained = if record.chained {
+                record.hash_ids.clone()
+            } else {
+                fleet_policy::chain_block_ids(&record.hash_ids)
+            };
             let full_engine_blocks = (record.input_length / engine_block) as usize;
             let mut hashes = Vec::with_capacity(full_engine_blocks.min(chained.len() * 32));
             if engine_block <= trace_block {
@@ -136,6 +142,22 @@ mod tests {
         assert_eq!(p.requests[0].block_hashes[..], p.requests[1].block_hashes[..]);
         assert_ne!(p.requests[2].block_hashes[1], p.requests[1].block_hashes[1], "same id, other prefix");
         assert_eq!(p.requests[1].arrival_us, 10_000);
+    }
+
+    #[test]
+    fn a_recorded_traces_chained_hashes_are_the_live_routers_keys() {
+        // fleet-router records the hashes its policy saw; chaining them again would hand consistent_hash
+        // other ring keys than the live router used, so the replay would place prefixes elsewhere.
+        let ids = vec![11, 22, 33];
+        let recorded = TraceRecord {
+            block_tokens: Some(16),
+            chained: true,
+            ..TraceRecord::mooncake(0, 48, 1, ids.clone())
+        };
+        let mooncake = TraceRecord { block_tokens: Some(16), ..TraceRecord::mooncake(1, 48, 1, ids.clone()) };
+        let p = prepare(&trace(vec![recorded, mooncake]), None, 1.0).expect("prepared");
+        assert_eq!(p.requests[0].block_hashes[..], ids[..]);
+        assert_eq!(p.requests[1].block_hashes[..], fleet_policy::chain_block_ids(&ids)[..]);
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub struct ReplicaReport {
 }
 
 /// The replay report. Its JSON has exactly these keys at top level.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReplayReport {
     /// Requests replayed.
     pub requests: u64,

@@ -148,6 +148,28 @@ fn the_same_seed_gives_the_same_report_and_policies_differ() {
 }
 
 #[test]
+fn replica_metrics_reach_the_policy_only_when_a_router_would_scrape_them() {
+    // fleet-router does not scrape its replicas, so by default the replay feeds the policy no metrics and a
+    // metric-weighted policy decides on its own outstanding requests, as the live router does. Fed before
+    // every pick (a scraping router), the same policy places the same traffic otherwise.
+    let prepared = replay::prepare(&generated(1500), None, 2.0).expect("prepared");
+    let placement = |config: &ReplayConfig| {
+        let report = replay::replay(&prepared, config, ReplayControl::default()).expect("replayed");
+        report.per_replica.iter().map(|r| r.requests).collect::<Vec<_>>()
+    };
+    let blind = ReplayConfig {
+        capacity_blocks: Some(3000),
+        ..ReplayConfig::new(4, PolicySpec::named("weighted_scorers"))
+    };
+    assert_eq!(blind.metrics_interval_ms, None, "the default models fleet-router");
+    let fed = ReplayConfig { metrics_interval_ms: Some(0), ..blind.clone() };
+    assert_ne!(placement(&blind), placement(&fed), "queue and KV usage change a weighted_scorers placement");
+    // Round robin reads no metrics: fed or not, it places alike.
+    let rr = ReplayConfig { policy: PolicySpec::named("round_robin"), ..blind };
+    assert_eq!(placement(&rr), placement(&ReplayConfig { metrics_interval_ms: Some(0), ..rr.clone() }));
+}
+
+#[test]
 fn progress_is_reported_and_cancellation_stops_the_replay() {
     let prepared = replay::prepare(&generated(800), None, 1.0).expect("prepared");
     let config = ReplayConfig::new(4, PolicySpec::named("least_load"));
@@ -237,6 +259,8 @@ fn the_commands_generate_replay_and_compare_a_trace() {
         policy_file.to_str().expect("utf-8"),
         "--capacity-blocks",
         "400",
+        "--replica-metrics-ms",
+        "500",
         "--block-tokens",
         "256",
         "--speedup",
