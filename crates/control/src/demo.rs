@@ -191,7 +191,7 @@ impl crate::Control {
                 .await
                 .map_err(history_error)?;
         }
-        *self.inner.history_fleet.lock().unwrap_or_else(|p| p.into_inner()) = DEMO_FLEET;
+        *crate::lock(&self.inner.history_fleet) = DEMO_FLEET;
         self.add_group(demo.replica_urls.clone());
         self.inner.routers.add(demo.router.clone(), &self.inner.store, DEMO_FLEET).await;
         self.inner.routers.poll().await;

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use crate::fleet::Control;
+use crate::lock;
 use crate::routers::RouterTarget;
 
 /// Largest discovery file read.
@@ -220,10 +221,6 @@ pub struct SourceStatus {
 #[derive(Debug, Default)]
 pub(crate) struct Discovery {
     sources: Mutex<Vec<SourceStatus>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Control {

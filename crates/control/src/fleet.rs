@@ -27,6 +27,7 @@ use fleetdeck_api::{
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::lock;
 use crate::routers::{RouterTarget, Routers};
 use crate::settings::SavedSettings;
 use crate::synthetic;
@@ -168,11 +169,6 @@ pub(crate) struct Inner {
 
 pub fn unix_ms_now() -> i64 {
     unix_ms(SystemTime::now())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // State is replaced in whole assignments; a panic elsewhere cannot leave it torn.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Control {

@@ -17,15 +17,13 @@ use fleetdeck_api::HistoryWriteStatus;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::lock;
+
 /// Attempts at one round before it is given up (and counted as dropped).
 pub const MAX_ATTEMPTS: u32 = 5;
 /// First wait after a failed write; doubles up to [`MAX_RETRY_WAIT`].
 const FIRST_RETRY_WAIT: Duration = Duration::from_millis(250);
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// One round waiting to be written, with the attempts made so far.
 #[derive(Debug)]

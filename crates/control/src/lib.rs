@@ -49,3 +49,9 @@ pub use fleet::{Control, ControlConfig};
 pub use fleet_etcd;
 pub use policy_store::PolicyStoreConfig;
 pub use routers::RouterTarget;
+
+/// Locks a mutex of the control state, through poisoning: every such state is replaced in whole
+/// assignments, so a panic elsewhere cannot leave it torn, and one panicked task must not take the app down.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

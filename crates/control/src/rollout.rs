@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{AdminClient, AdminRequest, TracePage};
 use crate::fleet::{Control, unix_ms_now};
+use crate::lock;
 
 /// Largest policy answer accepted: a spec is a few hundred bytes.
 pub const MAX_POLICY_BODY: usize = 1 << 20;
@@ -32,10 +33,6 @@ pub const MAX_POLICY_BODY: usize = 1 << 20;
 pub const DEFAULT_CHECK_EVERY: Duration = Duration::from_secs(2);
 /// Longest observation a canary may be given (a day).
 const MAX_OBSERVE_S: u64 = 86_400;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A router's active policy.
 #[derive(Debug, Clone, PartialEq)]

@@ -17,6 +17,7 @@ use fleetdeck_api::{PolicyMarker, RouterSource, RouterWorker};
 
 use crate::admin::{AdminClient, AdminError, RouterState};
 use crate::fleet::unix_ms_now;
+use crate::lock;
 use crate::third_party::{self, PeerKind, PeerState};
 
 /// How often every router's state is refreshed.
@@ -74,10 +75,6 @@ pub struct Routers {
     http: reqwest::Client,
     entries: Mutex<Vec<Entry>>,
     markers: Mutex<Vec<PolicyMarker>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Routers {

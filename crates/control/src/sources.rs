@@ -12,6 +12,7 @@ use fleetdeck_api::{ReplicaRow, ScrapeState};
 use tokio_util::sync::CancellationToken;
 
 use crate::fleet::{Control, sample_row, unix_ms_now};
+use crate::lock;
 
 /// One Prometheus server's latest rows.
 #[derive(Debug)]
@@ -28,10 +29,6 @@ struct Source {
 #[derive(Debug, Default)]
 pub struct PromSources {
     sources: Mutex<Vec<Source>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The row URL of a Prometheus `instance` label (usually `host:port` of the replica).

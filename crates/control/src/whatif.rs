@@ -23,16 +23,13 @@ use fleetdeck_api::{
 use crate::admin::{AdminClient, MAX_WINDOW_RECORDS, TraceWindow};
 use crate::engine_profile::ChosenProfile;
 use crate::fleet::{Control, unix_ms_now};
+use crate::lock;
 use crate::rollout::ActivePolicy;
 
 /// Largest trace file read for a what-if (a 10-minute window of a busy fleet is a few MB).
 pub const MAX_TRACE_FILE: u64 = 256 << 20;
 /// Most replicas a what-if replays.
 pub const MAX_WHATIF_REPLICAS: u32 = 1024;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 #[derive(Debug)]
 struct Job {
@@ -486,14 +483,13 @@ impl Control {
         }
         let first = lock(&status).clone();
         let base = ReplayConfig { replicas, ..config };
-        let timed_trace = trace;
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             let outcome = replay_both(&prepared, &base, &candidate, &active, &cancel, &routed);
             let mut status = lock(&status);
             match outcome {
                 Ok((cand, act)) => {
-                    let overhead = unmodelled_overhead_s(&timed_trace, &active.policy, &act);
+                    let overhead = unmodelled_overhead_s(&trace, &active.policy, &act);
                     let added = overhead.unwrap_or(0.0);
                     status.state = "done".to_owned();
                     status.progress = 1.0;
