@@ -191,7 +191,9 @@ impl crate::Control {
                 .await
                 .map_err(history_error)?;
         }
-        *crate::lock(&self.inner.history_fleet) = DEMO_FLEET;
+        // Only an app that watched nothing got here, and the demo starts once: nothing was written under
+        // another fleet by this launch before.
+        let _ = self.inner.history_fleet.set(DEMO_FLEET);
         self.add_group(demo.replica_urls.clone());
         self.inner.routers.add(demo.router.clone(), &self.inner.store, DEMO_FLEET).await;
         self.inner.routers.poll().await;

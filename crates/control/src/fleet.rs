@@ -155,9 +155,10 @@ pub(crate) struct Inner {
     pub(crate) saved: Mutex<SavedSettings>,
     /// The demo fleet started from the UI, if any (`start_demo`).
     pub(crate) demo: tokio::sync::Mutex<Option<fleetdeck_api::DemoStarted>>,
-    /// The fleet of the history this launch writes and reads (audit trail, comparisons): `default`, or
-    /// `demo` once the demo was started from the UI, so demo samples never mix with a real fleet's.
-    pub(crate) history_fleet: Mutex<&'static str>,
+    /// The fleet of the history this launch writes and reads (audit trail, comparisons) when it is not
+    /// `default`: set once, to `demo`, when the demo starts from the UI, so demo samples never mix with a
+    /// real fleet's.
+    pub(crate) history_fleet: std::sync::OnceLock<&'static str>,
     pub(crate) prometheus: crate::sources::PromSources,
     /// Intended policy, canary and what-if jobs.
     pub(crate) rollout: crate::rollout::RolloutState,
@@ -233,7 +234,7 @@ impl Control {
             trace_dir: config.trace_dir,
             saved: Mutex::new(saved.clone()),
             demo: Default::default(),
-            history_fleet: Mutex::new(fleet_store::DEFAULT_FLEET),
+            history_fleet: std::sync::OnceLock::new(),
             prometheus: crate::sources::PromSources::default(),
             rollout: Default::default(),
             policy_store,
@@ -277,7 +278,7 @@ impl Control {
 
     /// The fleet whose history this launch writes and reads (see [`Inner::history_fleet`]).
     pub(crate) fn history_fleet(&self) -> &'static str {
-        *lock(&self.inner.history_fleet)
+        self.inner.history_fleet.get().copied().unwrap_or(fleet_store::DEFAULT_FLEET)
     }
 
     /// Starts one scheduler over `urls` with fresh ids.

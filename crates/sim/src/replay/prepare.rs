@@ -4,14 +4,15 @@
 //! trace's chained hashes). Mooncake ids are chained ([`fleet_policy::chain_block_ids`]) so a hash names the
 //! whole prefix, as equal ids at the same position mean equal prefixes; a recorded trace's hashes (`chained`)
 //! are used as they are, so a policy keyed on them (consistent_hash) places each prefix where the live router
-//! did. Only full blocks are
-//! cacheable (`input_length / block_tokens` of them); a trailing partial block's id is ignored.
+//! did. Only full blocks are cacheable (`input_length / block_tokens` of them); a trailing partial block's id
+//! is ignored.
 //!
 //! The engine may use another block size than the trace, as long as one divides the other:
 //! - smaller (e.g. 16-token engine blocks under 512-token trace blocks): each trace block is split into
 //!   sub-blocks whose hashes mix the trace block's chained hash with the sub-block's index;
 //! - larger (a multiple of the trace's): an engine block is named by the chained hash of its last trace block.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use fleet_trace::Trace;
@@ -82,16 +83,16 @@ pub fn prepare(trace: &Trace, block_tokens: Option<u32>, speedup: f64) -> Result
         .records
         .iter()
         .map(|record| {
-            let chained = if record.chained {
-                record.hash_ids.clone()
+            let chained: Cow<'_, [u64]> = if record.chained {
+                Cow::Borrowed(&record.hash_ids)
             } else {
-                fleet_policy::chain_block_ids(&record.hash_ids)
+                Cow::Owned(fleet_policy::chain_block_ids(&record.hash_ids))
             };
             let full_engine_blocks = (record.input_length / engine_block) as usize;
             let mut hashes = Vec::with_capacity(full_engine_blocks.min(chained.len() * 32));
             if engine_block <= trace_block {
                 let per = (trace_block / engine_block) as usize;
-                'outer: for &parent in &chained {
+                'outer: for &parent in chained.iter() {
                     for k in 0..per {
                         if hashes.len() == full_engine_blocks {
                             break 'outer;
