@@ -214,7 +214,7 @@ fn main() -> Result<()> {
                 .push(fleetdeck_control::DiscoverySource::Srv { name: name.clone(), server: cli.dns_server });
         }
         if let Some((etcd, key)) = cli.etcd.connection()? {
-            config.policy_store = Some(fleetdeck_control::PolicyStoreConfig { etcd, key });
+            config.policy_store = Some(fleetdeck_control::EtcdPolicyConfig { etcd, key });
         }
         for (i, router) in cli.routers.iter().enumerate() {
             let (url, metrics_url) = match router.split_once(",metrics=") {

@@ -1,7 +1,111 @@
-//! The what-if result's provenance: how much traffic it read, what each router runs, which engine profile
-//! it replayed with, and how close such predictions came when the fidelity bench measured them.
+//! The what-if contract: replaying recorded traffic (or a trace file) under a candidate and the running
+//! policy, its progress, and the result with its coverage, engine profile and measured fidelity.
 
 use serde::{Deserialize, Serialize};
+
+/// Command: start a what-if replay (cancels the previous one). Args: [`WhatIfArgs`]. Answers [`WhatIfStatus`].
+pub const CMD_START_WHATIF: &str = "start_whatif";
+
+/// Command: progress or result of a what-if replay. Args: [`WhatIfJobArgs`]. Answers [`WhatIfStatus`].
+pub const CMD_WHATIF_STATUS: &str = "whatif_status";
+
+/// Command: cancel a what-if replay. Args: [`WhatIfJobArgs`]. Answers [`WhatIfStatus`].
+pub const CMD_CANCEL_WHATIF: &str = "cancel_whatif";
+
+/// Arguments of [`CMD_START_WHATIF`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WhatIfArgs {
+    /// The candidate spec (JSON or YAML).
+    pub text: String,
+    /// Replay the routers' recorded traffic of the last `window_s` seconds...
+    #[serde(default = "default_whatif_window")]
+    pub window_s: u32,
+    /// ...or this fleet-trace / Mooncake file instead.
+    #[serde(default)]
+    pub trace_path: Option<String>,
+    /// Replicas to replay on; default: as many as the routers have.
+    #[serde(default)]
+    pub replicas: Option<u32>,
+    /// The operator's choice of engine profile (a built-in name, see [`WhatIfProfile::available`]);
+    /// default: chosen from what the replicas' metrics say (model, engine, KV capacity, block size).
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// The operator's KV capacity per replica, in blocks; default: what the replicas report, else the
+    /// profile's.
+    #[serde(default)]
+    pub kv_blocks: Option<u32>,
+}
+
+fn default_whatif_window() -> u32 {
+    600
+}
+
+/// Arguments of [`CMD_WHATIF_STATUS`] and [`CMD_CANCEL_WHATIF`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct WhatIfJobArgs {
+    pub job: u64,
+}
+
+/// One policy's replayed figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayFigures {
+    pub policy: String,
+    pub requests: u64,
+    pub hit_rate: Option<f64>,
+    pub ttft_p50_s: Option<f64>,
+    pub ttft_p95_s: Option<f64>,
+    /// Max over mean of prefill tokens computed per replica (1 = perfectly even), as fleet-sim reports it.
+    pub imbalance: Option<f64>,
+    /// Requests each replica served, by replica index.
+    pub per_replica_requests: Vec<u64>,
+}
+
+/// Candidate and active side by side over the same traffic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WhatIfResult {
+    /// Where the traffic came from (routers' recordings or a file).
+    pub source: String,
+    pub requests: u64,
+    pub replicas: u32,
+    pub candidate: ReplayFigures,
+    pub active: ReplayFigures,
+    /// Wall time of both replays.
+    pub elapsed_ms: u64,
+    /// How much of the window was read and replayed.
+    #[serde(default)]
+    pub coverage: crate::WhatIfCoverage,
+    /// Each router: the spec it runs (the baseline's source), its share of the traffic, or why it could
+    /// not be read.
+    #[serde(default)]
+    pub routers: Vec<crate::WhatIfRouter>,
+    /// Where the baseline came from and what differs: routers that disagree, the app's intended spec
+    /// that no router runs, routers that could not be read.
+    #[serde(default)]
+    pub baseline_notes: Vec<String>,
+    /// The engine profile both sides were replayed with, and why.
+    #[serde(default)]
+    pub profile: crate::WhatIfProfile,
+    /// What the fidelity bench measured for this kind of change (`None`: never measured).
+    #[serde(default)]
+    pub fidelity: Option<crate::WhatIfFidelity>,
+    /// Per-request time outside the engine model, measured from the recording (its median TTFT under the
+    /// active policy minus the replay's) and included in both sides' TTFTs; `None`: not measurable (a trace
+    /// file, too few recorded first tokens), nothing added.
+    #[serde(default)]
+    pub ttft_overhead_ms: Option<f64>,
+}
+
+/// A what-if job's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WhatIfStatus {
+    pub job: u64,
+    /// `running`, `done`, `cancelled` or `failed`.
+    pub state: String,
+    /// 0..=1.
+    pub progress: f64,
+    pub message: Option<String>,
+    pub result: Option<WhatIfResult>,
+}
 
 /// How much of the asked window the what-if actually replayed.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -77,4 +181,15 @@ pub struct WhatIfFidelity {
     pub measured: String,
     /// One line for the UI.
     pub summary: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_whatif_replays_ten_minutes_unless_told() {
+        let args: WhatIfArgs = serde_json::from_str(r#"{"text":"policy: random"}"#).unwrap();
+        assert_eq!(args.window_s, 600);
+    }
 }

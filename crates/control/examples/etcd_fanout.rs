@@ -21,9 +21,9 @@ use anyhow::{Context, Result, bail};
 use fleet_test_support::etcd::EtcdServer;
 use fleet_test_support::process::{ChildProcess, spawn_router_process};
 use fleet_test_support::spawn_sim;
-use fleetdeck_api::{PushArgs, PushResult, PushTarget, StoreKeyArgs, StorePushArgs};
+use fleetdeck_api::{EtcdKeyArgs, EtcdPushArgs, PushArgs, PushResult, PushTarget};
 use fleetdeck_control::fleet_etcd::EtcdConfig;
-use fleetdeck_control::{Control, ControlConfig, PolicyStoreConfig, RouterTarget};
+use fleetdeck_control::{Control, ControlConfig, EtcdPolicyConfig, RouterTarget};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -99,7 +99,7 @@ async fn applied_at(
 async fn control(
     dir: &std::path::Path,
     urls: &[String],
-    store: Option<PolicyStoreConfig>,
+    store: Option<EtcdPolicyConfig>,
     stop: &CancellationToken,
 ) -> Result<Control> {
     let mut config = ControlConfig::new(Vec::new(), dir.join("history.db"));
@@ -137,16 +137,16 @@ async fn main() -> Result<()> {
     let etcd = EtcdServer::start().await?;
     etcd.client()?.put(KEY, spec(0).as_bytes()).await?;
     let fleet = routers(n, &sim.urls()[0], &token_file, Some(&etcd.url())).await?;
-    let store = PolicyStoreConfig { etcd: EtcdConfig::new(&etcd.url()), key: KEY.into() };
+    let store = EtcdPolicyConfig { etcd: EtcdConfig::new(&etcd.url()), key: KEY.into() };
     let app = control(&dir.path().join("etcd"), &fleet.urls, Some(store), &stop).await?;
     let mut via_etcd = Vec::new();
     // The app's own call (the guarded txn, acknowledged once etcd has it on disk): part of each sample.
     let mut txn = Vec::new();
     for i in 1..=pushes {
-        let reviewed = app.store_policy(StoreKeyArgs::default()).await?;
+        let reviewed = app.etcd_policy(EtcdKeyArgs::default()).await?;
         let t0 = unix_us();
         let report = app
-            .push_store_policy(StorePushArgs {
+            .push_etcd_policy(EtcdPushArgs {
                 text: spec(i),
                 if_revision: reviewed.revision,
                 key: None,

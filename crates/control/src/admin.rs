@@ -78,7 +78,7 @@ pub struct RouterState {
     pub prefix_groups: Vec<PrefixGroup>,
     pub window_s: u64,
     /// Where the router takes its policy from, when that is etcd (`--policy-etcd`).
-    pub policy_store: Option<StoreInfo>,
+    pub etcd_policy: Option<StoreInfo>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -92,7 +92,7 @@ pub struct PolicyInfo {
     pub applied_at_us: Option<u64>,
 }
 
-/// A router's `policy_store` state: the key it watches and how its watch fares.
+/// A router's `etcd_policy` state: the key it watches and how its watch fares.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct StoreInfo {

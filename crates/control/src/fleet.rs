@@ -64,7 +64,7 @@ pub struct ControlConfig {
     /// A path from the API is never opened outside it.
     pub trace_dir: Option<PathBuf>,
     /// The etcd key the fleet's routers take their policy from, if they do (`--policy-etcd`).
-    pub policy_store: Option<crate::policy_store::PolicyStoreConfig>,
+    pub etcd_policy: Option<crate::etcd_policy::EtcdPolicyConfig>,
     /// Sources of replicas and routers read every scrape interval (a watched file, DNS SRV).
     pub discovery: Vec<crate::discovery::DiscoverySource>,
 }
@@ -81,7 +81,7 @@ impl ControlConfig {
             settings_path: dir.join("settings.json"),
             token_dir: dir.join("tokens"),
             trace_dir: None,
-            policy_store: None,
+            etcd_policy: None,
             discovery: Vec::new(),
             db_path,
         }
@@ -163,7 +163,7 @@ pub(crate) struct Inner {
     /// Intended policy, canary and what-if jobs.
     pub(crate) rollout: crate::rollout::RolloutState,
     /// The fleet's policy key in etcd, when its routers watch one.
-    pub(crate) policy_store: Option<crate::policy_store::PolicyStore>,
+    pub(crate) etcd_policy: Option<crate::etcd_policy::EtcdKeys>,
     /// What each discovery source found last.
     pub(crate) discovery: crate::discovery::Discovery,
 }
@@ -214,10 +214,8 @@ impl Control {
                 });
             }
         }
-        let policy_store = match &config.policy_store {
-            Some(store) => {
-                Some(crate::policy_store::PolicyStore::new(store).context("invalid --policy-etcd")?)
-            }
+        let etcd_policy = match &config.etcd_policy {
+            Some(store) => Some(crate::etcd_policy::EtcdKeys::new(store).context("invalid --policy-etcd")?),
             None => None,
         };
         let routers = Routers::new(http.clone(), routers, &store, fleet_store::DEFAULT_FLEET).await;
@@ -237,7 +235,7 @@ impl Control {
             history_fleet: std::sync::OnceLock::new(),
             prometheus: crate::sources::PromSources::default(),
             rollout: Default::default(),
-            policy_store,
+            etcd_policy,
             discovery: Default::default(),
         });
         let control = Self { inner };

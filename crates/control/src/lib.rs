@@ -12,7 +12,7 @@
 //! - [`synthetic`]: deterministic synthetic replicas for large-fleet UI checks.
 //! - [`policy_edit`], [`rollout`], [`whatif`], [`history_compare`]: change the fleet safely: edit and
 //!   validate a policy, preview it by replay, push it with compare-and-swap, canary it, compare history.
-//! - [`policy_store`]: the fleet's policy in etcd: guarded push and rollback of the key routers watch, drift
+//! - [`etcd_policy`]: the fleet's policy in etcd: guarded push and rollback of the key routers watch, drift
 //!   of every router against its key.
 //! - [`demo`]: the embedded demo fleet (emulated replicas, a router, steady traffic).
 //!
@@ -26,6 +26,7 @@ pub mod demo;
 pub mod discovery;
 pub mod dns_srv;
 pub mod engine_profile;
+pub mod etcd_policy;
 pub mod fidelity;
 pub mod fleet;
 pub mod headroom;
@@ -33,7 +34,6 @@ pub mod heat;
 pub mod history_compare;
 pub mod history_writer;
 pub mod policy_edit;
-pub mod policy_store;
 pub mod rollout;
 pub mod routers;
 pub mod settings;
@@ -44,10 +44,10 @@ pub mod views;
 pub mod whatif;
 
 pub use discovery::DiscoverySource;
+pub use etcd_policy::EtcdPolicyConfig;
 pub use fleet::{Control, ControlConfig};
-/// The etcd client the app and fleet-router share (its config types are part of [`PolicyStoreConfig`]).
+/// The etcd client the app and fleet-router share (its config types are part of [`EtcdPolicyConfig`]).
 pub use fleet_etcd;
-pub use policy_store::PolicyStoreConfig;
 pub use routers::RouterTarget;
 
 /// Locks a mutex of the control state, through poisoning: every such state is replaced in whole

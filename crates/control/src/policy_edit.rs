@@ -169,7 +169,7 @@ impl Control {
             policies: policy_infos(),
             routers,
             intended_json: intended.map(|(_, spec)| spec.to_json()),
-            store_key: self.inner.policy_store.as_ref().map(|store| store.main_key().to_owned()),
+            etcd_key: self.inner.etcd_policy.as_ref().map(|store| store.main_key().to_owned()),
         })
     }
 

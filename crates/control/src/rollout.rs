@@ -834,7 +834,7 @@ impl Control {
         };
         // Routers on the store take the step through their key (a canary group's own key), the rest over HTTP.
         let (by_key, clients) = self.split_by_key(clients).await;
-        let (on_keys, _) = self.change_keys(&by_key, crate::policy_store::KeyChange::Push(spec)).await;
+        let (on_keys, _) = self.change_keys(&by_key, crate::etcd_policy::KeyChange::Push(spec)).await;
         let mut answered = Vec::new();
         for (url, outcome) in on_keys {
             self.record_outcome(label, &url, &outcome).await;
@@ -881,7 +881,7 @@ impl Control {
         };
         let (by_key, clients) = self.split_by_key(clients).await;
         let mut answered = Vec::new();
-        let (on_keys, restored) = self.change_keys(&by_key, crate::policy_store::KeyChange::Rollback).await;
+        let (on_keys, restored) = self.change_keys(&by_key, crate::etcd_policy::KeyChange::Rollback).await;
         if let Some(spec) = restored.filter(|_| on_keys.iter().any(|(_, o)| o.is_applied())) {
             let urls: Vec<String> = on_keys.iter().map(|(url, _)| url.clone()).collect();
             let hint = format!("rollback-of-{label}");

@@ -241,7 +241,7 @@ impl Control {
             scrape_interval_s: self.scrape_interval().as_secs_f64(),
             token_dir: self.inner.token_dir.display().to_string(),
             discovery: self.discovery_views(),
-            policy_store: self.policy_store_setting(),
+            etcd: self.etcd_setting(),
         })
     }
 

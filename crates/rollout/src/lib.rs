@@ -7,18 +7,18 @@
 //!
 //! - [`diff`]: the parameter-level difference between the spec a router runs and a candidate, defaults filled in.
 //! - [`push`]: what one router answered to a push, and drift between intended and active specs.
-//! - [`store`]: drift of routers that take their policy from etcd: each router's revision against its key's.
+//! - [`etcd`]: drift of routers that take their policy from etcd: each router's revision against its key's.
 //! - [`canary`]: push to a subset, watch guards, then promote to the rest or roll back, logging every step.
 
 pub mod canary;
 pub mod diff;
+pub mod etcd;
 pub mod push;
-pub mod store;
 
 pub use canary::{
     Action, Canary, CanaryError, CanaryPlan, GuardReading, Guards, Judgement, Phase, SideWindow, Step,
     Verdict, judge,
 };
 pub use diff::{ParamChange, SpecDiff, effective_params, spec_diff};
+pub use etcd::{EtcdDrift, EtcdReport, Lag, etcd_drift, watched_keys};
 pub use push::{Drift, PushOutcome, drift};
-pub use store::{Lag, StoreDrift, StoreReport, store_drift, watched_keys};

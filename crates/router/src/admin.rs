@@ -136,7 +136,7 @@ fn invalid_spec(spec_error: &SpecError) -> Response {
 /// The refusal of an admin policy change on a router whose policy comes from etcd: the next change of the
 /// key would silently undo it, so the change belongs in the store.
 fn policy_from_store(state: &RouterState) -> Option<Response> {
-    let store = state.policy_store.as_ref()?;
+    let store = state.etcd_policy.as_ref()?;
     Some(error(
         StatusCode::CONFLICT,
         "policy_from_store",

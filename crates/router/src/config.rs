@@ -270,7 +270,7 @@ pub struct RouterConfig {
     /// Serve HTTPS instead of HTTP.
     pub tls: Option<TlsConfig>,
     /// Take the policy from an etcd key (watched; every value validated as an admin PUT is).
-    pub policy_etcd: Option<crate::policy_store::EtcdPolicySource>,
+    pub policy_etcd: Option<crate::etcd_policy::EtcdPolicySource>,
 }
 
 impl Default for RouterConfig {

@@ -9,7 +9,7 @@
 //! - [`serve`]: the HTTP/1 server loop (header read timeout, graceful shutdown).
 //! - [`admin`]: the token-checked admin API; [`metrics`]: `/metrics`; [`recording`]: the trace ring and file.
 //! - [`health`]: hysteresis over probes and request outcomes; [`kv_events`]: KV-event subscription.
-//! - [`policy_store`]: the policy from an etcd key (`--policy-etcd`), watched and validated like an admin PUT.
+//! - [`etcd_policy`]: the policy from an etcd key (`--policy-etcd`), watched and validated like an admin PUT.
 //! - `tls` (build feature `tls`): HTTPS with rustls; `tokenizer` (build feature): Hugging Face tokenizers.
 //!
 //! # Embedding
@@ -30,11 +30,11 @@
 
 pub mod admin;
 pub mod config;
+pub mod etcd_policy;
 pub mod handshake;
 pub mod health;
 pub mod kv_events;
 pub mod metrics;
-pub mod policy_store;
 pub mod proxy;
 pub mod recording;
 pub mod routing_key;
@@ -57,7 +57,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use config::{AdminToken, ConfigError, HealthConfig, RecordConfig, ReplicaSpec, RouterConfig, TlsConfig};
-pub use policy_store::EtcdPolicySource;
+pub use etcd_policy::EtcdPolicySource;
 pub use routing_key::Tokenize;
 pub use state::RouterState;
 
@@ -86,13 +86,13 @@ pub async fn start(
         state.add_replica(spec).await.map_err(|error| anyhow::anyhow!("{error}"))?;
     }
     tokio::spawn(state::probe_loop(state.clone()));
-    if let Some(store) = &state.policy_store {
+    if let Some(store) = &state.etcd_policy {
         // Serve with the store's policy from the first request when etcd answers now; the watcher retries
         // (and says so in /admin/state) when it does not.
-        if let Err(error) = policy_store::read_once(&state, store).await {
+        if let Err(error) = etcd_policy::read_once(&state, store).await {
             tracing::warn!(key = %store.key, %error, "cannot read the policy from etcd yet; starting with the policy given and retrying");
         }
-        tokio::spawn(policy_store::run(state.clone(), store.clone()));
+        tokio::spawn(etcd_policy::run(state.clone(), store.clone()));
     }
     let routes = serve::Routes::new(state.clone(), app(state.clone()));
     let stop = state.shutdown.clone();
@@ -194,7 +194,7 @@ async fn metrics(State(state): State<Arc<RouterState>>) -> Response {
         &state.replica_gauges(),
         state.recorder.recorded.load(std::sync::atomic::Ordering::Relaxed),
     );
-    if let Some(store) = &state.policy_store {
+    if let Some(store) = &state.etcd_policy {
         store.render_metrics(&mut text, policy.store_revision.unwrap_or(0));
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()

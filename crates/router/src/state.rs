@@ -297,7 +297,7 @@ pub struct RouterState {
     /// Fires when the router shuts down.
     pub shutdown: CancellationToken,
     /// The etcd key the policy comes from (`--policy-etcd`), with its watcher's state.
-    pub policy_store: Option<Arc<crate::policy_store::PolicyStore>>,
+    pub etcd_policy: Option<Arc<crate::etcd_policy::EtcdPolicyWatch>>,
 }
 
 impl RouterState {
@@ -314,8 +314,8 @@ impl RouterState {
         let first = PolicyVersion::new(1, config.policy.clone(), None)?;
         let recorder = Recorder::new(&config.record)?;
         let decisions_capacity = config.decisions_capacity;
-        let policy_store = match &config.policy_etcd {
-            Some(source) => Some(Arc::new(crate::policy_store::PolicyStore::new(source)?)),
+        let etcd_policy = match &config.policy_etcd {
+            Some(source) => Some(Arc::new(crate::etcd_policy::EtcdPolicyWatch::new(source)?)),
             None => None,
         };
         Ok(Arc::new(Self {
@@ -334,7 +334,7 @@ impl RouterState {
             next_request: AtomicU64::new(1),
             started: Instant::now(),
             shutdown: CancellationToken::new(),
-            policy_store,
+            etcd_policy,
             config,
         }))
     }
@@ -494,7 +494,7 @@ impl RouterState {
     /// Puts the value of the policy key at etcd revision `mod_revision` in force, validated exactly as an
     /// admin PUT. `Ok(None)`: that revision (or a newer one) is in force already. An invalid value leaves
     /// the policy in force.
-    pub async fn apply_store_policy(
+    pub async fn apply_etcd_policy(
         &self,
         mod_revision: i64,
         value: &[u8],
@@ -667,7 +667,7 @@ impl RouterState {
             "prefix_groups": prefix_groups,
             "window_s": self.config.heat_window.as_secs(),
         });
-        if let Some(store) = &self.policy_store {
+        if let Some(store) = &self.etcd_policy {
             document["policy_store"] = store.state_document();
         }
         document

@@ -1,6 +1,7 @@
 //! One module per view; the app's router picks one by the hash route.
 
 pub mod decisions;
+pub mod etcd;
 pub mod fleet;
 pub mod headroom;
 pub mod heat;
@@ -9,5 +10,4 @@ pub mod policy;
 pub mod push;
 pub mod replica;
 pub mod settings;
-pub mod store;
 pub mod whatif;

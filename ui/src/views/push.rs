@@ -18,8 +18,8 @@ use serde_json::json;
 use crate::app::{EmptyState, ErrorBanner, poll};
 use crate::format;
 use crate::transport;
+use crate::views::etcd::EtcdPanel;
 use crate::views::policy::{check_as_you_type, diff_row, drift_view, stored_candidate};
-use crate::views::store::StorePanel;
 
 #[component]
 pub fn PushView() -> impl IntoView {
@@ -119,15 +119,15 @@ pub fn PushView() -> impl IntoView {
         <section class="view push-view">
             <ErrorBanner error=editor.error what="the routers" />
             // A fleet whose policy lives in etcd is pushed there first; its routers refuse HTTP pushes.
-            <Show when=move || editor.data.with(|e| e.as_ref().is_some_and(|e| e.store_key.is_some()))>
-                <StorePanel text=text />
+            <Show when=move || editor.data.with(|e| e.as_ref().is_some_and(|e| e.etcd_key.is_some()))>
+                <EtcdPanel text=text />
             </Show>
             <div class="card">
                 <div class="card-head">
                     <h2>"Push a policy"</h2>
                     <span class="card-meta">"compare-and-swap: a router that changed since you looked refuses"</span>
                 </div>
-                <Show when=move || editor.data.with(|e| e.as_ref().is_some_and(|e| e.store_key.is_some()))>
+                <Show when=move || editor.data.with(|e| e.as_ref().is_some_and(|e| e.etcd_key.is_some()))>
                     <p class="muted small">"Routers that watch the etcd key refuse HTTP pushes (409 policy_from_store): push those through etcd above."</p>
                 </Show>
                 <textarea class="spec-text" rows="5" data-testid="push-spec"

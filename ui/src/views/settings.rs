@@ -243,7 +243,7 @@ fn EndpointList(
 #[component]
 fn DiscoveryList(settings: RwSignal<Option<Settings>>) -> impl IntoView {
     view! {
-        <Show when=move || settings.with(|s| s.as_ref().is_some_and(|s| !s.discovery.is_empty() || s.policy_store.is_some()))>
+        <Show when=move || settings.with(|s| s.as_ref().is_some_and(|s| !s.discovery.is_empty() || s.etcd.is_some()))>
             <div class="card" data-testid="settings-discovery">
                 <div class="card-head">
                     <h2>"Discovery and policy store"</h2>
@@ -269,7 +269,7 @@ fn DiscoveryList(settings: RwSignal<Option<Settings>>) -> impl IntoView {
                                     })}
                                 </li>
                             }.into_any()
-                        }).chain(s.policy_store.iter().map(|p| view! {
+                        }).chain(s.etcd.iter().map(|p| view! {
                             <li data-testid="settings-policy-store">
                                 <span class="mono">{format!("etcd {} key {}", p.endpoints.join(","), p.key)}</span>
                                 <span class="badge badge-engine">"policy store"</span>

@@ -7,8 +7,8 @@
 //! a key that moved since is a `revision_conflict`, shown with the revision to review, not overwritten.
 
 use fleetdeck_api::{
-    ApiError, CMD_PUSH_STORE_POLICY, CMD_ROLLBACK_STORE_POLICY, CMD_STORE_DRIFT, CMD_STORE_POLICY,
-    StoreDrift, StorePolicy, StorePushArgs, StorePushReport, StoreRollbackArgs,
+    ApiError, CMD_ETCD_DRIFT, CMD_ETCD_POLICY, CMD_PUSH_ETCD_POLICY, CMD_ROLLBACK_ETCD_POLICY, EtcdDrift,
+    EtcdPolicy, EtcdPushArgs, EtcdPushReport, EtcdRollbackArgs,
 };
 use leptos::prelude::*;
 use leptos::task::spawn_local;
@@ -20,11 +20,11 @@ use crate::transport;
 
 /// The card; `text` is the Push view's candidate spec.
 #[component]
-pub fn StorePanel(text: RwSignal<String>) -> impl IntoView {
+pub fn EtcdPanel(text: RwSignal<String>) -> impl IntoView {
     // Read once and on Reload (every_ms 0): what is shown is what the operator reviews.
-    let reviewed = poll::<_, StorePolicy>(CMD_STORE_POLICY, || json!({}), 0.0);
-    let drift = poll::<_, StoreDrift>(CMD_STORE_DRIFT, || json!({}), 1500.0);
-    let report = RwSignal::new(None::<(&'static str, StorePushReport)>);
+    let reviewed = poll::<_, EtcdPolicy>(CMD_ETCD_POLICY, || json!({}), 0.0);
+    let drift = poll::<_, EtcdDrift>(CMD_ETCD_DRIFT, || json!({}), 1500.0);
+    let report = RwSignal::new(None::<(&'static str, EtcdPushReport)>);
     let error = RwSignal::new(None::<ApiError>);
     let busy = RwSignal::new(false);
 
@@ -35,16 +35,16 @@ pub fn StorePanel(text: RwSignal<String>) -> impl IntoView {
         busy.set(true);
         spawn_local(async move {
             let result = if rollback {
-                let args = StoreRollbackArgs { if_revision: revision, key: None, operator: None };
-                transport::call::<_, StorePushReport>(CMD_ROLLBACK_STORE_POLICY, &args).await
+                let args = EtcdRollbackArgs { if_revision: revision, key: None, operator: None };
+                transport::call::<_, EtcdPushReport>(CMD_ROLLBACK_ETCD_POLICY, &args).await
             } else {
-                let args = StorePushArgs {
+                let args = EtcdPushArgs {
                     text: text.get_untracked(),
                     if_revision: revision,
                     key: None,
                     operator: None,
                 };
-                transport::call::<_, StorePushReport>(CMD_PUSH_STORE_POLICY, &args).await
+                transport::call::<_, EtcdPushReport>(CMD_PUSH_ETCD_POLICY, &args).await
             };
             busy.set(false);
             match result {
@@ -125,7 +125,7 @@ pub fn StorePanel(text: RwSignal<String>) -> impl IntoView {
 
 /// Every router against its key: in sync, lagging (with the revision it runs and why), not on the store,
 /// or unreadable.
-fn drift_table(drift: StoreDrift) -> impl IntoView {
+fn drift_table(drift: EtcdDrift) -> impl IntoView {
     let clean = drift.is_empty();
     let rows = drift
         .keys
@@ -152,7 +152,7 @@ fn drift_table(drift: StoreDrift) -> impl IntoView {
             });
             synced.chain(lagging).collect::<Vec<_>>()
         })
-        .chain(drift.not_on_store.into_iter().map(|url| {
+        .chain(drift.not_on_etcd.into_iter().map(|url| {
             (
                 String::new(),
                 url,

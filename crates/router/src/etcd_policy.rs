@@ -49,7 +49,7 @@ impl EtcdPolicySource {
 
 /// The watcher's state, as `/admin/state` and `/metrics` show it.
 #[derive(Debug)]
-pub struct PolicyStore {
+pub struct EtcdPolicyWatch {
     /// The watched key.
     pub key: String,
     /// The etcd client.
@@ -69,7 +69,7 @@ pub struct PolicyStore {
     last_rejected: Mutex<Option<(i64, String)>>,
 }
 
-impl PolicyStore {
+impl EtcdPolicyWatch {
     /// The watcher for `source` (the client is built now, so a bad TLS file fails the start).
     pub fn new(source: &EtcdPolicySource) -> Result<Self, EtcdError> {
         Ok(Self {
@@ -91,7 +91,7 @@ impl PolicyStore {
         self.rejected.load(Ordering::Relaxed)
     }
 
-    /// The `policy_store` object of `/admin/state`.
+    /// The `etcd_policy` object of `/admin/state`.
     pub fn state_document(&self) -> serde_json::Value {
         let last_rejected = lock(&self.last_rejected)
             .clone()
@@ -158,13 +158,13 @@ impl PolicyStore {
 }
 
 /// Applies a value of the key, or refuses it (logged, counted); a value already handled is skipped.
-async fn consider(state: &RouterState, store: &PolicyStore, kv: &KeyValue) {
+async fn consider(state: &RouterState, store: &EtcdPolicyWatch, kv: &KeyValue) {
     store.seen_revision.fetch_max(kv.mod_revision, Ordering::Relaxed);
     // In force already, or refused already: a re-read after a reconnect must not count a refusal twice.
     if store.handled.fetch_max(kv.mod_revision, Ordering::Relaxed) >= kv.mod_revision {
         return;
     }
-    match state.apply_store_policy(kv.mod_revision, &kv.value).await {
+    match state.apply_etcd_policy(kv.mod_revision, &kv.value).await {
         Ok(Some(version)) => {
             tracing::info!(key = %store.key, revision = kv.mod_revision, version = version.version, policy = version.name, "policy from etcd applied");
         }
@@ -182,7 +182,7 @@ async fn consider(state: &RouterState, store: &PolicyStore, kv: &KeyValue) {
 }
 
 /// Reads the key once and applies it; the first thing a router does, so it serves with the store's policy.
-pub async fn read_once(state: &RouterState, store: &PolicyStore) -> Result<i64, EtcdError> {
+pub async fn read_once(state: &RouterState, store: &EtcdPolicyWatch) -> Result<i64, EtcdError> {
     let range = store.client.get(&store.key).await;
     let range = match range {
         Ok(range) => range,
@@ -202,7 +202,7 @@ pub async fn read_once(state: &RouterState, store: &PolicyStore) -> Result<i64, 
 }
 
 /// Watches the key until shutdown, reconnecting with backoff.
-pub async fn run(state: Arc<RouterState>, store: Arc<PolicyStore>) {
+pub async fn run(state: Arc<RouterState>, store: Arc<EtcdPolicyWatch>) {
     let mut backoff = FIRST_BACKOFF;
     let mut first = true;
     loop {
@@ -232,7 +232,7 @@ pub async fn run(state: Arc<RouterState>, store: Arc<PolicyStore>) {
 /// the reason the watch stopped (etcd cancelled it, the stream ended) or an error.
 async fn session(
     state: &RouterState,
-    store: &PolicyStore,
+    store: &EtcdPolicyWatch,
     backoff: &mut Duration,
 ) -> Result<String, EtcdError> {
     let revision = read_once(state, store).await?;

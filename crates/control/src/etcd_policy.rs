@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use fleet_etcd::{EtcdClient, EtcdConfig, EtcdError, KeyValue};
 use fleet_policy::PolicySpec;
-use fleet_rollout::{PushOutcome, StoreReport};
+use fleet_rollout::{EtcdReport, PushOutcome};
 use fleetdeck_api::{
-    ApiError, KeyDrift, LaggingRouter, StoreDrift, StoreKeyArgs, StorePolicy, StorePushArgs, StorePushReport,
-    StoreRollbackArgs,
+    ApiError, EtcdDrift, EtcdKeyArgs, EtcdPolicy, EtcdPushArgs, EtcdPushReport, EtcdRollbackArgs, KeyDrift,
+    LaggingRouter,
 };
 
 use crate::admin::AdminClient;
@@ -28,7 +28,7 @@ const MAX_ROLLBACK_STEPS: usize = 20;
 
 /// Where the fleet's policy lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PolicyStoreConfig {
+pub struct EtcdPolicyConfig {
     /// How to reach etcd.
     pub etcd: EtcdConfig,
     /// The fleet's main policy key, e.g. `/fleetdeck/prod/policy`.
@@ -37,13 +37,13 @@ pub struct PolicyStoreConfig {
 
 /// The app's handle on the store.
 #[derive(Debug)]
-pub(crate) struct PolicyStore {
+pub(crate) struct EtcdKeys {
     client: EtcdClient,
     key: String,
 }
 
-impl PolicyStore {
-    pub(crate) fn new(config: &PolicyStoreConfig) -> anyhow::Result<Self> {
+impl EtcdKeys {
+    pub(crate) fn new(config: &EtcdPolicyConfig) -> anyhow::Result<Self> {
         anyhow::ensure!(
             !config.key.trim().is_empty(),
             "--policy-key is empty; give the key the routers watch, e.g. /fleetdeck/FLEET/policy"
@@ -102,18 +102,18 @@ fn conflict(key: &str, reviewed: i64, current: i64) -> ApiError {
 }
 
 /// What a router's `/admin/state` says about its store.
-fn report_of(state: Result<crate::admin::RouterState, String>) -> StoreReport {
+fn report_of(state: Result<crate::admin::RouterState, String>) -> EtcdReport {
     match state {
-        Err(error) => StoreReport::Unreadable(error),
-        Ok(state) => match state.policy_store {
-            None => StoreReport::Read {
+        Err(error) => EtcdReport::Unreadable(error),
+        Ok(state) => match state.etcd_policy {
+            None => EtcdReport::Read {
                 key: None,
                 revision: None,
                 connected: false,
                 last_rejected: None,
                 error: None,
             },
-            Some(store) => StoreReport::Read {
+            Some(store) => EtcdReport::Read {
                 key: Some(store.key),
                 revision: state.policy.store_revision,
                 connected: store.connected,
@@ -125,7 +125,7 @@ fn report_of(state: Result<crate::admin::RouterState, String>) -> StoreReport {
 }
 
 /// The newest value before `current` that routers would accept (invalid ones are skipped).
-async fn previous_valid(store: &PolicyStore, key: &str, current: &KeyValue) -> Result<PolicySpec, ApiError> {
+async fn previous_valid(store: &EtcdKeys, key: &str, current: &KeyValue) -> Result<PolicySpec, ApiError> {
     let mut at = current.clone();
     for _ in 0..MAX_ROLLBACK_STEPS {
         // A key's first value (its creation) has nothing before it.
@@ -154,12 +154,7 @@ async fn previous_valid(store: &PolicyStore, key: &str, current: &KeyValue) -> R
 }
 
 /// Writes `spec` (canonical JSON) to `key` if the key is still at `if_revision`; the new revision.
-async fn put_spec(
-    store: &PolicyStore,
-    key: &str,
-    spec: &PolicySpec,
-    if_revision: i64,
-) -> Result<i64, ApiError> {
+async fn put_spec(store: &EtcdKeys, key: &str, spec: &PolicySpec, if_revision: i64) -> Result<i64, ApiError> {
     let outcome =
         store.client.put_if(key, spec.to_json().as_bytes(), if_revision).await.map_err(store_error)?;
     if outcome.succeeded {
@@ -182,8 +177,8 @@ pub(crate) enum KeyChange<'a> {
 const APPLY_WAIT: Duration = Duration::from_secs(10);
 
 impl Control {
-    fn policy_store(&self) -> Result<&PolicyStore, ApiError> {
-        self.inner.policy_store.as_ref().ok_or_else(|| {
+    fn etcd_policy(&self) -> Result<&EtcdKeys, ApiError> {
+        self.inner.etcd_policy.as_ref().ok_or_else(|| {
             ApiError::new(
                 "no_policy_store",
                 "this fleet's policy is not in etcd; start fleetdeck with --policy-etcd URL --policy-key KEY (or push to the routers over HTTP)",
@@ -192,22 +187,22 @@ impl Control {
     }
 
     /// Where the policy lives, for the settings view (endpoints and key; never the credentials).
-    pub(crate) fn policy_store_setting(&self) -> Option<fleetdeck_api::PolicyStoreSetting> {
-        let store = self.inner.policy_store.as_ref()?;
-        Some(fleetdeck_api::PolicyStoreSetting {
+    pub(crate) fn etcd_setting(&self) -> Option<fleetdeck_api::EtcdSetting> {
+        let store = self.inner.etcd_policy.as_ref()?;
+        Some(fleetdeck_api::EtcdSetting {
             endpoints: store.client.config().endpoints.clone(),
             key: store.key.clone(),
         })
     }
 
     /// The policy key as etcd holds it.
-    pub async fn store_policy(&self, args: StoreKeyArgs) -> Result<StorePolicy, ApiError> {
-        let store = self.policy_store()?;
+    pub async fn etcd_policy(&self, args: EtcdKeyArgs) -> Result<EtcdPolicy, ApiError> {
+        let store = self.etcd_policy()?;
         let key = store.key(args.key.as_deref())?;
         let range = store.client.get(&key).await.map_err(store_error)?;
         Ok(match range.kv {
-            None => StorePolicy { key, revision: 0, text: None, invalid: None },
-            Some(kv) => StorePolicy {
+            None => EtcdPolicy { key, revision: 0, text: None, invalid: None },
+            Some(kv) => EtcdPolicy {
                 key,
                 revision: kv.mod_revision,
                 text: Some(String::from_utf8_lossy(&kv.value).into_owned()),
@@ -218,9 +213,9 @@ impl Control {
 
     /// Writes a spec to the key in one txn that holds only if the key is still at `if_revision`. An invalid
     /// spec is refused before etcd is called.
-    pub async fn push_store_policy(&self, args: StorePushArgs) -> Result<StorePushReport, ApiError> {
+    pub async fn push_etcd_policy(&self, args: EtcdPushArgs) -> Result<EtcdPushReport, ApiError> {
         let spec = crate::policy_edit::spec_or_api_error(&args.text)?;
-        let store = self.policy_store()?;
+        let store = self.etcd_policy()?;
         let key = store.key(args.key.as_deref())?;
         let author = operator_name(args.operator.as_deref());
         let hint = format!("etcd-{}", spec.policy);
@@ -229,8 +224,8 @@ impl Control {
 
     /// Puts back the key's previous valid value (skipping values routers would refuse), in one txn guarded
     /// by `if_revision`.
-    pub async fn rollback_store_policy(&self, args: StoreRollbackArgs) -> Result<StorePushReport, ApiError> {
-        let store = self.policy_store()?;
+    pub async fn rollback_etcd_policy(&self, args: EtcdRollbackArgs) -> Result<EtcdPushReport, ApiError> {
+        let store = self.etcd_policy()?;
         let key = store.key(args.key.as_deref())?;
         let author = operator_name(args.operator.as_deref());
         let range = store.client.get(&key).await.map_err(store_error)?;
@@ -251,20 +246,20 @@ impl Control {
     /// The guarded write, recorded in the audit trail (the version first, then its outcome).
     async fn write_store(
         &self,
-        store: &PolicyStore,
+        store: &EtcdKeys,
         key: &str,
         spec: &PolicySpec,
         if_revision: i64,
         author: &str,
         hint: &str,
-    ) -> Result<StorePushReport, ApiError> {
+    ) -> Result<EtcdPushReport, ApiError> {
         let routers: Vec<String> = self.inner.routers.urls().into_iter().map(|(url, _)| url).collect();
         let label = self.record_version(spec, author, &routers, hint).await?;
         let target = format!("etcd:{key}");
         let (record, result) = match put_spec(store, key, spec, if_revision).await {
             Ok(revision) => (
                 fleet_store::PushOutcome::Acknowledged { acked_label: label.clone() },
-                Ok(StorePushReport {
+                Ok(EtcdPushReport {
                     label: label.clone(),
                     author: author.to_owned(),
                     at_ms: unix_ms_now(),
@@ -290,14 +285,14 @@ impl Control {
         &self,
         clients: Vec<AdminClient>,
     ) -> (BTreeMap<String, Vec<AdminClient>>, Vec<AdminClient>) {
-        if self.inner.policy_store.is_none() {
+        if self.inner.etcd_policy.is_none() {
             return (BTreeMap::new(), clients);
         }
         let states = futures_util::future::join_all(clients.iter().map(AdminClient::state)).await;
         let mut by_key: BTreeMap<String, Vec<AdminClient>> = BTreeMap::new();
         let mut http = Vec::new();
         for (client, state) in clients.into_iter().zip(states) {
-            match state.ok().and_then(|s| s.policy_store) {
+            match state.ok().and_then(|s| s.etcd_policy) {
                 Some(store) => by_key.entry(store.key).or_default().push(client),
                 None => http.push(client),
             }
@@ -317,7 +312,7 @@ impl Control {
         let mut restored = None;
         for (key, clients) in by_key {
             let written = async {
-                let store = self.policy_store()?;
+                let store = self.etcd_policy()?;
                 store.key(Some(key))?;
                 let current = store.client.get(key).await.map_err(store_error)?.kv;
                 let if_revision = current.as_ref().map_or(0, |kv| kv.mod_revision);
@@ -360,11 +355,11 @@ impl Control {
 
     /// Every router against the key it watches, read now (not from the once-a-second cache, so a push's
     /// effect shows as soon as the routers report it).
-    pub async fn store_drift(&self) -> Result<StoreDrift, ApiError> {
-        let store = self.policy_store()?;
+    pub async fn etcd_drift(&self) -> Result<EtcdDrift, ApiError> {
+        let store = self.etcd_policy()?;
         let clients: Vec<AdminClient> = self.inner.routers.clients().into_iter().map(|(c, _)| c).collect();
         let states = futures_util::future::join_all(clients.iter().map(AdminClient::state)).await;
-        let reports: Vec<(String, StoreReport)> = clients
+        let reports: Vec<(String, EtcdReport)> = clients
             .iter()
             .zip(states)
             .map(|(client, state)| (client.url.clone(), report_of(state.map_err(|e| e.to_string()))))
@@ -374,13 +369,13 @@ impl Control {
             let revision = store.client.get(&key).await.ok().map(|r| r.kv.map_or(0, |kv| kv.mod_revision));
             revisions.insert(key, revision);
         }
-        let drift = fleet_rollout::store_drift(&reports, &revisions);
+        let drift = fleet_rollout::etcd_drift(&reports, &revisions);
         let lag = |lag: fleet_rollout::Lag| LaggingRouter {
             url: lag.router,
             revision: lag.revision,
             reason: lag.reason,
         };
-        Ok(StoreDrift {
+        Ok(EtcdDrift {
             keys: drift
                 .keys
                 .into_iter()
@@ -391,7 +386,7 @@ impl Control {
                     lagging: state.lagging.into_iter().map(lag).collect(),
                 })
                 .collect(),
-            not_on_store: drift.not_on_store,
+            not_on_etcd: drift.not_on_etcd,
             unreadable: drift
                 .unreadable
                 .into_iter()
@@ -411,7 +406,7 @@ async fn await_revision(client: &AdminClient, revision: i64) -> PushOutcome {
                 if state.policy.store_revision.is_some_and(|runs| runs >= revision) {
                     return PushOutcome::Applied { version: state.policy.version };
                 }
-                let store = state.policy_store.unwrap_or_default();
+                let store = state.etcd_policy.unwrap_or_default();
                 if let Some(refused) = store.last_rejected.filter(|r| r.revision == revision) {
                     return PushOutcome::Refused {
                         status: 422,
@@ -438,7 +433,7 @@ mod tests {
 
     #[test]
     fn group_keys_live_beside_the_main_key() {
-        let store = PolicyStore::new(&PolicyStoreConfig {
+        let store = EtcdKeys::new(&EtcdPolicyConfig {
             etcd: EtcdConfig::new("http://127.0.0.1:2379"),
             key: "/fleetdeck/prod/policy".into(),
         })

@@ -1,26 +1,16 @@
-//! Commands and shapes of the views beyond the live table: heat map, replica detail,
-//! decisions, headroom and settings.
+//! What the app reads from the fleet's routers: where each router stands, the prefix heat map, the decision
+//! log and the cache headroom of their recorded traffic.
 
 use serde::{Deserialize, Serialize};
 
 /// Command: replicas x top prefix groups from every router's `/admin/state`. Args: [`HeatMapArgs`].
 pub const CMD_HEAT_MAP: &str = "heat_map";
-/// Command: one replica's history charts. Args: [`ReplicaHistoryArgs`].
-pub const CMD_REPLICA_HISTORY: &str = "replica_history";
+
 /// Command: recent routing decisions of every router. Args: [`DecisionsArgs`].
 pub const CMD_DECISIONS: &str = "decisions";
+
 /// Command: achieved vs achievable hit rate on recent recorded traffic. Args: [`HeadroomArgs`].
 pub const CMD_HEADROOM: &str = "headroom";
-/// Command: the watched endpoints and settings. Args: none (`{}`).
-pub const CMD_SETTINGS: &str = "settings";
-/// Command: add (and at once probe) a replica, router or Prometheus source. Args: [`AddEndpointArgs`].
-pub const CMD_ADD_ENDPOINT: &str = "add_endpoint";
-/// Command: stop watching an endpoint. Args: [`RemoveEndpointArgs`].
-pub const CMD_REMOVE_ENDPOINT: &str = "remove_endpoint";
-/// Command: change the scrape interval. Args: [`ScrapeIntervalArgs`].
-pub const CMD_SET_SCRAPE_INTERVAL: &str = "set_scrape_interval";
-/// Command: start the embedded demo fleet inside the running app (once). Args: [`StartDemoArgs`].
-pub const CMD_START_DEMO: &str = "start_demo";
 
 /// Where a router's part of a combined view came from, and whether it answered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,8 +44,6 @@ pub struct RouterWorker {
     pub healthy: Option<bool>,
     pub load: Option<f64>,
 }
-
-// ---------- heat map ----------
 
 /// Arguments of [`CMD_HEAT_MAP`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -114,47 +102,6 @@ pub struct Hotspot {
     /// That replica's requests of the group over all requests, 0..1.
     pub share: f64,
 }
-
-// ---------- replica detail ----------
-
-/// Arguments of [`CMD_REPLICA_HISTORY`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct ReplicaHistoryArgs {
-    /// The replica's [`crate::ReplicaRow::id`].
-    pub id: u32,
-    /// How far back, seconds (60 s .. 90 days); windows past raw retention (24 h) read the 1 min tier.
-    pub window_s: u32,
-}
-
-/// One replica's charts.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct ReplicaHistory {
-    pub id: u32,
-    pub url: String,
-    pub engine: Option<String>,
-    pub model: Option<String>,
-    pub now_ms: i64,
-    pub window_s: u32,
-    /// Which history tier the points come from: `raw`, or `1m` past raw retention.
-    pub tier: String,
-    pub ttft_p50_s: Vec<(i64, f64)>,
-    pub ttft_p95_s: Vec<(i64, f64)>,
-    pub queue_depth: Vec<(i64, f64)>,
-    pub kv_usage: Vec<(i64, f64)>,
-    pub hit_rate: Vec<(i64, f64)>,
-    pub tokens_per_s: Vec<(i64, f64)>,
-    /// Moments the routing policy changed inside the window, oldest first.
-    pub policy_changes: Vec<PolicyMarker>,
-}
-
-/// A policy change: from the audit trail (an acknowledged push) or seen on a router.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PolicyMarker {
-    pub ts_ms: i64,
-    pub label: String,
-}
-
-// ---------- decisions ----------
 
 /// Arguments of [`CMD_DECISIONS`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -219,8 +166,6 @@ pub struct Candidate {
     pub note: Option<String>,
 }
 
-// ---------- headroom ----------
-
 /// Arguments of [`CMD_HEADROOM`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct HeadroomArgs {
@@ -264,127 +209,4 @@ pub struct ModelHeadroom {
     /// The best policy's what-if result on the same traffic, when a replay ran.
     pub best_policy: Option<String>,
     pub best_policy_hit_rate: Option<f64>,
-}
-
-// ---------- settings ----------
-
-/// What kind of endpoint an [`AddEndpointArgs`] names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EndpointKind {
-    /// A replica's metrics endpoint (base URL or full `/metrics` URL).
-    Replica,
-    /// A fleet-router (its admin API).
-    Router,
-    /// A Prometheus server whose targets are the replicas.
-    Prometheus,
-}
-
-/// Arguments of [`CMD_ADD_ENDPOINT`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AddEndpointArgs {
-    pub kind: EndpointKind,
-    pub url: String,
-    /// A router's admin token; written to a 0600 file, never stored in SQLite.
-    #[serde(default)]
-    pub token: Option<String>,
-}
-
-/// Arguments of [`CMD_REMOVE_ENDPOINT`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RemoveEndpointArgs {
-    pub kind: EndpointKind,
-    pub url: String,
-}
-
-/// Arguments of [`CMD_SET_SCRAPE_INTERVAL`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct ScrapeIntervalArgs {
-    /// 0.2 .. 300 seconds.
-    pub seconds: f64,
-}
-
-/// Arguments of [`CMD_START_DEMO`].
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct StartDemoArgs {
-    /// Emulated replicas, 1 ..= 64.
-    pub replicas: u32,
-}
-
-impl Default for StartDemoArgs {
-    fn default() -> Self {
-        Self { replicas: 4 }
-    }
-}
-
-/// The demo fleet the app runs and watches (until it stops; never saved to the settings).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct DemoStarted {
-    pub replicas: Vec<String>,
-    /// The fleet-router the demo traffic goes through.
-    pub router: String,
-}
-
-/// What probing an endpoint found.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct ProbeReport {
-    pub url: String,
-    /// Detected engine (`vllm`, `sglang`, ...), `fleet-router`, or `prometheus`.
-    pub detected: Option<String>,
-    /// A short description: model, policy and version, number of targets.
-    pub detail: Option<String>,
-    /// Why it could not be probed, and what to do.
-    pub error: Option<String>,
-}
-
-/// Everything the settings view shows.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct SettingsView {
-    pub replicas: Vec<ProbeReport>,
-    pub routers: Vec<RouterSetting>,
-    pub prometheus: Vec<ProbeReport>,
-    pub scrape_interval_s: f64,
-    /// Where router tokens are kept (a folder of 0600 files).
-    pub token_dir: String,
-    /// The discovery sources (`--discover-file`, `--discover-srv`) and where each stands.
-    #[serde(default)]
-    pub discovery: Vec<DiscoveryView>,
-    /// Where the fleet's policy lives when its routers take it from etcd (`--policy-etcd`).
-    #[serde(default)]
-    pub policy_store: Option<PolicyStoreSetting>,
-}
-
-/// One discovery source as the settings view shows it.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct DiscoveryView {
-    /// `file PATH` or `DNS SRV NAME`.
-    pub source: String,
-    /// Replica URLs it listed the last time it could be read.
-    pub replicas: Vec<String>,
-    /// Router URLs it listed the last time it could be read.
-    pub routers: Vec<String>,
-    /// Why the last read failed (what it found before is kept and still watched).
-    pub error: Option<String>,
-    /// Reads finished since the app started, one per scrape interval.
-    pub reads: u64,
-    /// When the last read finished (unix ms).
-    pub last_read_ms: Option<u64>,
-}
-
-/// The etcd key a fleet's routers watch.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct PolicyStoreSetting {
-    /// etcd's client URLs.
-    pub endpoints: Vec<String>,
-    /// The fleet's main policy key; canary groups use keys beside it.
-    pub key: String,
-}
-
-/// One router as configured.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct RouterSetting {
-    pub url: String,
-    /// The 0600 file holding its admin token, if it has one.
-    pub token_file: Option<String>,
-    pub probe: ProbeReport,
 }

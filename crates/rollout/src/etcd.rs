@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 /// What one router reported (`GET /admin/state`), or why it could not be read.
 #[derive(Clone, Debug, PartialEq)]
-pub enum StoreReport {
+pub enum EtcdReport {
     /// It answered.
     Read {
         /// The key it watches; `None` when it takes no policy from the store.
@@ -51,21 +51,21 @@ pub struct KeyState {
 
 /// The drift of a fleet on a store.
 #[derive(Clone, Debug, PartialEq, Default)]
-pub struct StoreDrift {
+pub struct EtcdDrift {
     /// By key.
     pub keys: BTreeMap<String, KeyState>,
     /// Routers that take no policy from the store.
-    pub not_on_store: Vec<String>,
+    pub not_on_etcd: Vec<String>,
     /// Routers that did not answer.
     pub unreadable: Vec<(String, String)>,
 }
 
 /// The keys the routers watch, each once, in order: the ones whose revisions the app must read.
-pub fn watched_keys<'a>(reports: impl IntoIterator<Item = &'a StoreReport>) -> Vec<String> {
+pub fn watched_keys<'a>(reports: impl IntoIterator<Item = &'a EtcdReport>) -> Vec<String> {
     let mut keys: Vec<String> = reports
         .into_iter()
         .filter_map(|report| match report {
-            StoreReport::Read { key: Some(key), .. } => Some(key.clone()),
+            EtcdReport::Read { key: Some(key), .. } => Some(key.clone()),
             _ => None,
         })
         .collect();
@@ -76,22 +76,22 @@ pub fn watched_keys<'a>(reports: impl IntoIterator<Item = &'a StoreReport>) -> V
 
 /// Compares each router with the revision of the key it watches (`key_revisions`: key -> its revision,
 /// `None` when the app could not read it).
-pub fn store_drift(
-    reports: &[(String, StoreReport)],
+pub fn etcd_drift(
+    reports: &[(String, EtcdReport)],
     key_revisions: &BTreeMap<String, Option<i64>>,
-) -> StoreDrift {
-    let mut drift = StoreDrift::default();
+) -> EtcdDrift {
+    let mut drift = EtcdDrift::default();
     for (router, report) in reports {
         let (key, revision, connected, last_rejected, error) = match report {
-            StoreReport::Unreadable(why) => {
+            EtcdReport::Unreadable(why) => {
                 drift.unreadable.push((router.clone(), why.clone()));
                 continue;
             }
-            StoreReport::Read { key: None, .. } => {
-                drift.not_on_store.push(router.clone());
+            EtcdReport::Read { key: None, .. } => {
+                drift.not_on_etcd.push(router.clone());
                 continue;
             }
-            StoreReport::Read { key: Some(key), revision, connected, last_rejected, error } => {
+            EtcdReport::Read { key: Some(key), revision, connected, last_rejected, error } => {
                 (key, *revision, *connected, last_rejected, error)
             }
         };
@@ -130,8 +130,8 @@ pub fn store_drift(
 mod tests {
     use super::*;
 
-    fn read(key: &str, revision: Option<i64>) -> StoreReport {
-        StoreReport::Read {
+    fn read(key: &str, revision: Option<i64>) -> EtcdReport {
+        EtcdReport::Read {
             key: Some(key.into()),
             revision,
             connected: true,
@@ -148,7 +148,7 @@ mod tests {
             ("c".to_owned(), read("/f/canary", Some(9))),
             (
                 "d".to_owned(),
-                StoreReport::Read {
+                EtcdReport::Read {
                     key: None,
                     revision: None,
                     connected: false,
@@ -156,10 +156,10 @@ mod tests {
                     error: None,
                 },
             ),
-            ("e".to_owned(), StoreReport::Unreadable("timeout".into())),
+            ("e".to_owned(), EtcdReport::Unreadable("timeout".into())),
             (
                 "f".to_owned(),
-                StoreReport::Read {
+                EtcdReport::Read {
                     key: Some("/f/policy".into()),
                     revision: Some(5),
                     connected: true,
@@ -169,7 +169,7 @@ mod tests {
             ),
             (
                 "g".to_owned(),
-                StoreReport::Read {
+                EtcdReport::Read {
                     key: Some("/f/policy".into()),
                     revision: Some(5),
                     connected: false,
@@ -181,7 +181,7 @@ mod tests {
         assert_eq!(watched_keys(reports.iter().map(|(_, r)| r)), ["/f/canary", "/f/policy"]);
         let revisions =
             BTreeMap::from([("/f/policy".to_owned(), Some(7)), ("/f/canary".to_owned(), Some(9))]);
-        let drift = store_drift(&reports, &revisions);
+        let drift = etcd_drift(&reports, &revisions);
         let main = &drift.keys["/f/policy"];
         assert_eq!(main.in_sync, ["a"]);
         let reasons: Vec<(&str, &str)> =
@@ -190,16 +190,16 @@ mod tests {
         assert!(reasons[1].1.contains("refused") && reasons[1].1.contains("unknown policy"), "{reasons:?}");
         assert!(reasons[2].1.contains("connection refused"), "{reasons:?}");
         assert_eq!(drift.keys["/f/canary"].in_sync, ["c"]);
-        assert_eq!(drift.not_on_store, ["d"]);
+        assert_eq!(drift.not_on_etcd, ["d"]);
         assert_eq!(drift.unreadable, [("e".to_owned(), "timeout".to_owned())]);
     }
 
     #[test]
     fn an_absent_key_is_no_drift_and_an_unreadable_one_is_not_sync() {
         let reports = vec![("a".to_owned(), read("/k", None))];
-        let absent = store_drift(&reports, &BTreeMap::from([("/k".to_owned(), Some(0))]));
+        let absent = etcd_drift(&reports, &BTreeMap::from([("/k".to_owned(), Some(0))]));
         assert_eq!(absent.keys["/k"].in_sync, ["a"]);
-        let unknown = store_drift(&reports, &BTreeMap::from([("/k".to_owned(), None)]));
+        let unknown = etcd_drift(&reports, &BTreeMap::from([("/k".to_owned(), None)]));
         assert_eq!(unknown.keys["/k"].lagging.len(), 1);
     }
 }
