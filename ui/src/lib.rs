@@ -2,7 +2,10 @@
 //! `index.html` through wasm-bindgen's `--target web` output (`ui.js` calls [`start`] on `init()`).
 //!
 //! The pure modules ([`format`], [`chart`], [`route`], [`keys`], [`tiles`]) build on any target
-//! so their tests run on the host; everything that needs a browser is compiled for wasm32 only.
+//! so their tests run on the host; everything that needs a browser is compiled for wasm32 only:
+//! the shell ([`app`]), the views ([`views`]) and what they share: [`components`] (error banner,
+//! empty state, progress), [`poll`] (background refresh of a command), [`clock`] (the browser's
+//! clocks) and [`transport`] (calling the backend).
 
 pub mod chart;
 pub mod format;
@@ -13,6 +16,12 @@ pub mod tiles;
 
 #[cfg(target_arch = "wasm32")]
 mod app;
+#[cfg(target_arch = "wasm32")]
+mod clock;
+#[cfg(target_arch = "wasm32")]
+mod components;
+#[cfg(target_arch = "wasm32")]
+mod poll;
 #[cfg(target_arch = "wasm32")]
 pub mod transport;
 #[cfg(target_arch = "wasm32")]

@@ -125,6 +125,13 @@ pub fn query_param<'a>(hash: &'a str, name: &str) -> Option<&'a str> {
     query.split('&').filter_map(|kv| kv.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v)
 }
 
+/// The page's hash as the browser has it now (`#/fleet?synthetic=1000`); the one read of the
+/// location, so routes and query parameters come from the same place.
+#[cfg(target_arch = "wasm32")]
+pub fn current_hash() -> String {
+    leptos::prelude::window().location().hash().unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

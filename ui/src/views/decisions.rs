@@ -6,8 +6,10 @@
 use fleetdeck_api::{CMD_DECISIONS, Candidate, DecisionEntry, DecisionLog, DecisionsArgs};
 use leptos::prelude::*;
 
-use crate::app::{EmptyState, ErrorBanner, local_clock, poll};
+use crate::clock::local_clock;
+use crate::components::{EmptyState, ErrorBanner};
 use crate::format;
+use crate::poll::poll;
 use crate::views::heat::RouterStatus;
 
 const POLL_INTERVAL_MS: f64 = 2000.0;

@@ -14,8 +14,9 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use serde_json::json;
 
-use crate::app::{ErrorBanner, poll};
+use crate::components::ErrorBanner;
 use crate::format;
+use crate::poll::poll;
 use crate::transport;
 
 /// The card; `text` is the Push view's candidate spec.

@@ -17,7 +17,8 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use wasm_bindgen::{JsCast, JsValue};
 
-use crate::app::{ErrorBanner, Progress, local_clock, perf_now, sleep_ms, utc_offset_min};
+use crate::clock::{local_clock, perf_now, sleep_ms, utc_offset_min};
+use crate::components::{EmptyState, ErrorBanner, Progress};
 use crate::route::{Route, query_param};
 use crate::tiles::{self, SortBy, TileSignal};
 use crate::{chart, format, transport};
@@ -59,7 +60,7 @@ pub fn FleetView(last_update: RwSignal<Option<i64>>) -> impl IntoView {
     let filter = RwSignal::new(String::new());
     let errors_only = RwSignal::new(false);
     let synthetic: u32 =
-        query_param(&crate::app::current_hash(), "synthetic").and_then(|v| v.parse().ok()).unwrap_or(0);
+        query_param(&crate::route::current_hash(), "synthetic").and_then(|v| v.parse().ok()).unwrap_or(0);
 
     let alive = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     {
@@ -229,7 +230,7 @@ fn grid_placeholder(snapshot: RwSignal<Option<FleetSnapshot>>, visible: Memo<Vec
         }
         Some(_) => None,
     })?;
-    Some(view! { <crate::app::EmptyState title=title hint=hint /> }.into_any())
+    Some(view! { <EmptyState title=title hint=hint /> }.into_any())
 }
 
 /// What the first window shows while no fleet is watched: the three ways in, each a click away.

@@ -5,8 +5,10 @@
 use fleetdeck_api::{CMD_HEADROOM, Headroom, HeadroomArgs, ModelHeadroom};
 use leptos::prelude::*;
 
-use crate::app::{EmptyState, ErrorBanner, Progress, perf_now, poll};
+use crate::clock::perf_now;
+use crate::components::{EmptyState, ErrorBanner, Progress};
 use crate::format;
+use crate::poll::poll;
 use crate::views::heat::RouterStatus;
 
 /// Each refresh replays the traffic under several policies: not more often than this.

@@ -5,7 +5,8 @@
 use fleetdeck_api::{CMD_HEAT_MAP, HeatMap, HeatMapArgs, RouterSource};
 use leptos::prelude::*;
 
-use crate::app::{EmptyState, ErrorBanner, poll};
+use crate::components::{EmptyState, ErrorBanner};
+use crate::poll::poll;
 use crate::{format, tiles};
 
 const POLL_INTERVAL_MS: f64 = 2000.0;

@@ -12,7 +12,8 @@ use serde_json::json;
 use wasm_bindgen::JsCast;
 use wasm_bindgen::closure::Closure;
 
-use crate::app::{EmptyState, ErrorBanner, poll};
+use crate::components::{EmptyState, ErrorBanner};
+use crate::poll::poll;
 use crate::{format, overlay, transport};
 
 fn metric_title(name: &str) -> &'static str {

@@ -12,7 +12,8 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use serde_json::{Map, Value, json};
 
-use crate::app::{EmptyState, ErrorBanner, poll};
+use crate::components::{EmptyState, ErrorBanner};
+use crate::poll::poll;
 use crate::transport;
 
 /// Where the candidate spec is kept between views.

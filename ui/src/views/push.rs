@@ -15,8 +15,9 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use serde_json::json;
 
-use crate::app::{EmptyState, ErrorBanner, poll};
+use crate::components::{EmptyState, ErrorBanner};
 use crate::format;
+use crate::poll::{Polled, poll};
 use crate::transport;
 use crate::views::etcd::EtcdPanel;
 use crate::views::policy::{check_as_you_type, diff_row, drift_view, stored_candidate};
@@ -205,7 +206,7 @@ fn moved_line(m: &MovedRouter) -> String {
 
 #[component]
 fn CanaryPanel(
-    editor: crate::app::Polled<PolicyEditor>,
+    editor: Polled<PolicyEditor>,
     text: RwSignal<String>,
     canary_chosen: RwSignal<Vec<String>>,
     check: RwSignal<Option<SpecCheck>>,

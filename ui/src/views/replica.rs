@@ -4,8 +4,9 @@
 use fleetdeck_api::{CMD_REPLICA_HISTORY, ReplicaHistory, ReplicaHistoryArgs};
 use leptos::prelude::*;
 
-use crate::app::{EmptyState, ErrorBanner, poll};
 use crate::chart::{Line, YUnit, history_chart_html};
+use crate::components::{EmptyState, ErrorBanner};
+use crate::poll::poll;
 use crate::route::Route;
 
 /// Selectable windows: (seconds, label).

@@ -9,7 +9,8 @@ use fleetdeck_api::{
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 
-use crate::app::{ErrorBanner, Progress, poll};
+use crate::components::{ErrorBanner, Progress};
+use crate::poll::poll;
 use crate::transport;
 
 fn kind_slug(kind: EndpointKind) -> &'static str {
@@ -258,7 +259,7 @@ fn DiscoveryList(settings: RwSignal<Option<Settings>>) -> impl IntoView {
                                 d.replicas.len(),
                                 d.routers.len(),
                                 d.reads,
-                                d.last_read_ms.map(|ms| format!(", last at {}", crate::app::local_clock(ms as i64))).unwrap_or_default()
+                                d.last_read_ms.map(|ms| format!(", last at {}", crate::clock::local_clock(ms as i64))).unwrap_or_default()
                             );
                             view! {
                                 <li data-testid="discovery-source" class:probe-error=d.error.is_some()>

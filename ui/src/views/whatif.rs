@@ -9,7 +9,8 @@ use fleetdeck_api::{
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 
-use crate::app::{EmptyState, ErrorBanner, sleep_ms};
+use crate::clock::sleep_ms;
+use crate::components::{EmptyState, ErrorBanner};
 use crate::format;
 use crate::transport;
 use crate::views::policy::{store_candidate, stored_candidate};
