@@ -3,9 +3,11 @@
 //!
 //! The pure modules ([`format`], [`chart`], [`route`], [`keys`], [`tiles`]) build on any target
 //! so their tests run on the host; everything that needs a browser is compiled for wasm32 only:
-//! the shell ([`app`]), the views ([`views`]) and what they share: [`components`] (error banner,
-//! empty state, progress), [`poll`] (background refresh of a command), [`clock`] (the browser's
-//! clocks) and [`transport`] (calling the backend).
+//! the shell (`app`), one module per view (`views`, none importing another) and what views share,
+//! each in a module of its own: `components` (error banner, empty state, progress), `poll`
+//! (background refresh of a command), `clock` (the browser's clocks), `candidate` (the candidate
+//! spec in local storage, checked as it is typed), `policy_diff` (diff rows and drift badges),
+//! `router_status` (the routers' status line) and `transport` (calling the backend).
 
 pub mod chart;
 pub mod format;
@@ -17,15 +19,24 @@ pub mod tiles;
 #[cfg(target_arch = "wasm32")]
 mod app;
 #[cfg(target_arch = "wasm32")]
+mod candidate;
+#[cfg(target_arch = "wasm32")]
 mod clock;
 #[cfg(target_arch = "wasm32")]
 mod components;
 #[cfg(target_arch = "wasm32")]
+mod policy_diff;
+#[cfg(target_arch = "wasm32")]
 mod poll;
+#[cfg(target_arch = "wasm32")]
+mod router_status;
 #[cfg(target_arch = "wasm32")]
 pub mod transport;
 #[cfg(target_arch = "wasm32")]
 mod views;
+
+#[cfg(test)]
+mod view_independence;
 
 /// Entry point run by wasm-bindgen's `init()`: mounts the app onto `<body>`.
 #[cfg(target_arch = "wasm32")]

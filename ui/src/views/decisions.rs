@@ -10,7 +10,7 @@ use crate::clock::local_clock;
 use crate::components::{EmptyState, ErrorBanner};
 use crate::format;
 use crate::poll::poll;
-use crate::views::heat::RouterStatus;
+use crate::router_status::RouterStatus;
 
 const POLL_INTERVAL_MS: f64 = 2000.0;
 const LIMIT: u32 = 50;

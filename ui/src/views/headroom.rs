@@ -9,7 +9,7 @@ use crate::clock::perf_now;
 use crate::components::{EmptyState, ErrorBanner, Progress};
 use crate::format;
 use crate::poll::poll;
-use crate::views::heat::RouterStatus;
+use crate::router_status::RouterStatus;
 
 /// Each refresh replays the traffic under several policies: not more often than this.
 const POLL_INTERVAL_MS: f64 = 30_000.0;

@@ -2,11 +2,12 @@
 //! blocks the replica has cached for the group or the share of the group's prompt blocks that
 //! hit there; a hotspot warning above it when one replica carries too much of the traffic.
 
-use fleetdeck_api::{CMD_HEAT_MAP, HeatMap, HeatMapArgs, RouterSource};
+use fleetdeck_api::{CMD_HEAT_MAP, HeatMap, HeatMapArgs};
 use leptos::prelude::*;
 
 use crate::components::{EmptyState, ErrorBanner};
 use crate::poll::poll;
+use crate::router_status::RouterStatus;
 use crate::{format, tiles};
 
 const POLL_INTERVAL_MS: f64 = 2000.0;
@@ -216,37 +217,4 @@ fn heat_table(data: RwSignal<Option<HeatMap>>, cell_value: RwSignal<CellValue>) 
         }
         .into_any()
     })
-}
-
-/// One line per router: its policy and version, or what is wrong with it.
-#[component]
-pub fn RouterStatus(#[prop(into)] routers: Signal<Vec<RouterSource>>) -> impl IntoView {
-    view! {
-        <div class="router-status" data-testid="router-status">
-            <For
-                each=move || routers.get()
-                key=|r| {
-                    let (badge, text) = format::router_summary(r);
-                    (r.url.clone(), badge, text, r.read_only.clone())
-                }
-                children=move |r| {
-                    let ok = r.error.is_none();
-                    let (badge, text) = format::router_summary(&r);
-                    // A third-party router is shown, never hidden, with why the app cannot change it.
-                    let read_only = r.read_only.clone().map(|reason| view! {
-                        <span class="badge badge-read-only" data-testid="router-read-only" title=reason.clone()>"read-only"</span>
-                        <span class="router-read-only-reason">{reason}</span>
-                    });
-                    view! {
-                        <span class="router-chip" class:router-error=!ok data-testid="router-chip">
-                            <span class="badge" class:badge-ok=ok class:badge-error=!ok>{badge}</span>
-                            <span class="mono">{format::short_url(&r.url).to_owned()}</span>
-                            <span class="router-text">{text}</span>
-                            {read_only}
-                        </span>
-                    }
-                }
-            />
-        </div>
-    }
 }

@@ -1,7 +1,6 @@
 //! One module per view; the app's router picks one by the hash route.
 
 pub mod decisions;
-pub mod etcd;
 pub mod fleet;
 pub mod headroom;
 pub mod heat;

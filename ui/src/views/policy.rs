@@ -2,40 +2,17 @@
 //! (slider and number, switch, choice) showing its default, range and meaning; the policy
 //! crate's validation as you type; a raw YAML/JSON view; the diff against what each router runs.
 //!
-//! The candidate text is kept in local storage, so What-if and Push work on the same spec.
+//! The candidate text is kept in local storage (`candidate.rs`), so What-if and Push work on the
+//! same spec.
 
-use fleetdeck_api::{
-    ApiError, CMD_CHECK_SPEC, CMD_POLICY_EDITOR, CheckSpecArgs, DriftBadge, ParamInfo, PolicyEditor,
-    RouterDiff, SpecCheck,
-};
+use fleetdeck_api::{ApiError, CMD_POLICY_EDITOR, ParamInfo, PolicyEditor, SpecCheck};
 use leptos::prelude::*;
-use leptos::task::spawn_local;
 use serde_json::{Map, Value, json};
 
+use crate::candidate::{check_as_you_type, store_candidate, stored_candidate};
 use crate::components::{EmptyState, ErrorBanner};
+use crate::policy_diff::{diff_row, drift_view};
 use crate::poll::poll;
-use crate::transport;
-
-/// Where the candidate spec is kept between views.
-pub const CANDIDATE_KEY: &str = "fleetdeck.candidate";
-
-/// The candidate spec the operator is working on, if any.
-pub fn stored_candidate() -> Option<String> {
-    window()
-        .local_storage()
-        .ok()
-        .flatten()?
-        .get_item(CANDIDATE_KEY)
-        .ok()
-        .flatten()
-        .filter(|t| !t.trim().is_empty())
-}
-
-pub fn store_candidate(text: &str) {
-    if let Ok(Some(storage)) = window().local_storage() {
-        let _ = storage.set_item(CANDIDATE_KEY, text);
-    }
-}
 
 /// `{policy, params}` as the pretty JSON the raw view shows.
 fn compose(policy: &str, params: &Map<String, Value>) -> String {
@@ -45,80 +22,6 @@ fn compose(policy: &str, params: &Map<String, Value>) -> String {
         json!({"policy": policy, "params": params})
     };
     serde_json::to_string_pretty(&doc).unwrap_or_default()
-}
-
-/// Validates `text` on the backend, keeping only the newest answer.
-pub fn check_as_you_type(
-    text: RwSignal<String>,
-    check: RwSignal<Option<SpecCheck>>,
-    error: RwSignal<Option<ApiError>>,
-) {
-    let seq = RwSignal::new(0_u64);
-    Effect::new(move |_| {
-        let spec = text.get();
-        let n = seq.get_untracked() + 1;
-        seq.set(n);
-        spawn_local(async move {
-            let result = transport::call::<_, SpecCheck>(CMD_CHECK_SPEC, &CheckSpecArgs { text: spec }).await;
-            if seq.get_untracked() != n {
-                return;
-            }
-            match result {
-                Ok(c) => {
-                    check.set(Some(c));
-                    error.set(None);
-                }
-                Err(e) => error.set(Some(e)),
-            }
-        });
-    });
-}
-
-/// The drift badge of one router.
-pub fn drift_view(badge: &DriftBadge) -> impl IntoView + use<> {
-    let (class, text, title) = match badge {
-        DriftBadge::InSync { version } => ("badge badge-ok", format!("in sync · v{version}"), String::new()),
-        DriftBadge::Drifted { version, summary } => {
-            ("badge badge-warn", format!("drift · v{version}"), summary.clone())
-        }
-        DriftBadge::Unknown => {
-            ("badge badge-error", "unknown".to_owned(), "its policy could not be read".to_owned())
-        }
-        DriftBadge::NoIntent => {
-            ("badge", "no intended spec yet".to_owned(), "push a spec from this app first".to_owned())
-        }
-    };
-    view! { <span class=class title=title data-testid="drift-badge">{text}</span> }
-}
-
-/// The diff of one router, as a table row.
-pub fn diff_row(d: &RouterDiff) -> impl IntoView + use<> {
-    let body = if let Some(e) = &d.error {
-        view! { <span class="error-text">{e.clone()}</span> }.into_any()
-    } else if d.unchanged {
-        view! { <span class="muted">"no change: it would route the same way"</span> }.into_any()
-    } else {
-        let policy = d
-            .policy_change
-            .as_ref()
-            .map(|(a, b)| view! { <div><b>"policy: "</b>{format!("{a} → {b}")}</div> });
-        let params = d
-            .params
-            .iter()
-            .map(|p| {
-                let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "—".to_owned());
-                view! { <div class="diff-param">{format!("{}: {} → {}", p.name, show(&p.before), show(&p.after))}</div> }
-            })
-            .collect_view();
-        view! { <div>{policy}{params}</div> }.into_any()
-    };
-    view! {
-        <tr data-testid="diff-row">
-            <td class="url">{d.url.clone()}</td>
-            <td class="num">{d.version.map(|v| format!("v{v}")).unwrap_or_else(|| "—".to_owned())}</td>
-            <td>{body}</td>
-        </tr>
-    }
 }
 
 #[component]

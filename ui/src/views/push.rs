@@ -15,12 +15,15 @@ use leptos::prelude::*;
 use leptos::task::spawn_local;
 use serde_json::json;
 
+use crate::candidate::{check_as_you_type, stored_candidate};
 use crate::components::{EmptyState, ErrorBanner};
 use crate::format;
+use crate::policy_diff::{diff_row, drift_view};
 use crate::poll::{Polled, poll};
 use crate::transport;
-use crate::views::etcd::EtcdPanel;
-use crate::views::policy::{check_as_you_type, diff_row, drift_view, stored_candidate};
+
+mod etcd;
+use etcd::EtcdPanel;
 
 #[component]
 pub fn PushView() -> impl IntoView {

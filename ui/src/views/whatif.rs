@@ -9,11 +9,11 @@ use fleetdeck_api::{
 use leptos::prelude::*;
 use leptos::task::spawn_local;
 
+use crate::candidate::{store_candidate, stored_candidate};
 use crate::clock::sleep_ms;
 use crate::components::{EmptyState, ErrorBanner};
 use crate::format;
 use crate::transport;
-use crate::views::policy::{store_candidate, stored_candidate};
 
 /// How often a running replay's progress is asked for.
 const STATUS_EVERY_MS: f64 = 250.0;

@@ -1,7 +1,7 @@
-//! The Push view's etcd card (`store-panel`), shown when the fleet's routers take their policy from an etcd
-//! key (`fleetdeck --policy-etcd`): the key's value and revision as the operator reviewed them, a push and
-//! a rollback each guarded by that revision (one etcd txn whatever the number of routers), and the drift
-//! of every router against the key it watches.
+//! The Push view's etcd card (`store-panel`), a part of that view only, shown when the fleet's routers
+//! take their policy from an etcd key (`fleetdeck --policy-etcd`): the key's value and revision as the
+//! operator reviewed them, a push and a rollback each guarded by that revision (one etcd txn whatever
+//! the number of routers), and the drift of every router against the key it watches.
 //!
 //! The reviewed revision is read when the card opens and on "Reload", never behind the operator's back:
 //! a key that moved since is a `revision_conflict`, shown with the revision to review, not overwritten.
