@@ -203,6 +203,15 @@ fn side(f: &SideFigures) -> String {
     )
 }
 
+/// Shows the canary runner's default in a guard's field, unless the operator has typed there already.
+fn fill_default(field: RwSignal<String>, default: Option<impl std::fmt::Display>) {
+    if let Some(value) = default
+        && field.with_untracked(|text| text.trim().is_empty())
+    {
+        field.set(value.to_string());
+    }
+}
+
 fn moved_line(m: &MovedRouter) -> String {
     format!("{} ({}): {}", m.url, m.step, m.message)
 }
@@ -216,13 +225,35 @@ fn CanaryPanel(
 ) -> impl IntoView {
     let status = poll::<_, CanaryView>(CMD_CANARY_STATUS, || json!({}), 1000.0);
     let observe_s = RwSignal::new("60".to_owned());
-    let ratio = RwSignal::new("1.25".to_owned());
-    let increase_ms = RwSignal::new("50".to_owned());
-    let drop = RwSignal::new("0.05".to_owned());
-    let min_requests = RwSignal::new("50".to_owned());
-    let error_ratio = RwSignal::new("2".to_owned());
-    let error_increase = RwSignal::new("0.02".to_owned());
-    let require_hit = RwSignal::new(true);
+    // The guards start empty and take the canary runner's own defaults when the editor answers
+    // (`PolicyEditor::canary_defaults`), so the form never shows a number the runner does not use.
+    let ratio = RwSignal::new(String::new());
+    let increase_ms = RwSignal::new(String::new());
+    let drop = RwSignal::new(String::new());
+    let min_requests = RwSignal::new(String::new());
+    let error_ratio = RwSignal::new(String::new());
+    let error_increase = RwSignal::new(String::new());
+    let require_hit = RwSignal::new(None::<bool>);
+    let defaults_arrived = RwSignal::new(false);
+    Effect::new(move |_| {
+        editor.data.with(|e| {
+            if let Some(e) = e
+                && !defaults_arrived.get_untracked()
+            {
+                defaults_arrived.set(true);
+                let d = e.canary_defaults;
+                fill_default(ratio, d.max_ttft_p95_ratio);
+                fill_default(increase_ms, d.min_ttft_p95_increase_ms);
+                fill_default(drop, d.max_hit_rate_drop);
+                fill_default(min_requests, d.min_requests);
+                fill_default(error_ratio, d.max_error_rate_ratio);
+                fill_default(error_increase, d.min_error_rate_increase);
+                if require_hit.get_untracked().is_none() {
+                    require_hit.set(d.require_hit_rate);
+                }
+            }
+        })
+    });
     let error = RwSignal::new(None::<ApiError>);
 
     let start = move |_| {
@@ -246,13 +277,15 @@ fn CanaryPanel(
                 canary,
                 baseline,
                 observe_s: parse(observe_s, "observe seconds")? as u64,
+                // Every guard is sent as the form shows it, so the canary judges by what the
+                // operator read; start is only enabled once the defaults have filled the form.
                 guards: CanaryGuards {
-                    max_ttft_p95_ratio: parse(ratio, "TTFT p95 ratio")?,
-                    min_ttft_p95_increase_ms: parse(increase_ms, "TTFT p95 increase (ms)")?,
-                    max_hit_rate_drop: parse(drop, "hit-rate drop")?,
-                    min_requests: parse(min_requests, "minimum requests")? as u64,
-                    max_error_rate_ratio: parse(error_ratio, "error-rate ratio")?,
-                    min_error_rate_increase: parse(error_increase, "error-rate increase")?,
+                    max_ttft_p95_ratio: Some(parse(ratio, "TTFT p95 ratio")?),
+                    min_ttft_p95_increase_ms: Some(parse(increase_ms, "TTFT p95 increase (ms)")?),
+                    max_hit_rate_drop: Some(parse(drop, "hit-rate drop")?),
+                    min_requests: Some(parse(min_requests, "minimum requests")? as u64),
+                    max_error_rate_ratio: Some(parse(error_ratio, "error-rate ratio")?),
+                    min_error_rate_increase: Some(parse(error_increase, "error-rate increase")?),
                     require_hit_rate: require_hit.get_untracked(),
                 },
                 check_every_ms: None,
@@ -325,12 +358,18 @@ fn CanaryPanel(
                 {field(" and by ", "canary-error-increase", error_increase)}
                 {field(" judged after requests ", "canary-min", min_requests)}
                 <label class="check">
+                    // Neither ticked nor not until the runner's default is known.
                     <input type="checkbox" data-testid="canary-require-hit"
-                        prop:checked=move || require_hit.get()
-                        on:change=move |ev| require_hit.set(event_target_checked(&ev)) />
+                        prop:checked=move || require_hit.get().unwrap_or(false)
+                        prop:indeterminate=move || require_hit.get().is_none()
+                        on:change=move |ev| require_hit.set(Some(event_target_checked(&ev))) />
                     "hit rate required"
                 </label>
-                <button class="primary" data-testid="canary-start" on:click=start>"Start canary"</button>
+                <button class="primary" data-testid="canary-start" on:click=start
+                    disabled=move || !defaults_arrived.get()
+                    title=move || (!defaults_arrived.get()).then_some("waiting for the canary runner's default guards")>
+                    "Start canary"
+                </button>
                 <button data-testid="canary-abort" on:click=abort
                     disabled=move || !status.data.with(|s| s.as_ref().and_then(|s| s.canary.as_ref()).is_some_and(|c| !c.finished))>"Abort"</button>
             </div>
