@@ -189,7 +189,7 @@ fn refused(refusal: &Refusal, api: bool) -> Response {
 }
 
 async fn metrics(State(served): State<Arc<Served>>) -> Response {
-    let text = served.control.render_metrics();
+    let text = served.control.fleet().render_metrics();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 

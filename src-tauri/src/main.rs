@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory as _, Parser};
-use fleetdeck_control::demo::{DemoConfig, DemoFleet};
+use fleet_demo::{DemoConfig, DemoFleet};
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use tokio_util::sync::CancellationToken;
 
@@ -205,6 +205,7 @@ fn main() -> Result<()> {
         config.scrape_interval = scrape_interval;
         config.trace_dir = cli.trace_dir.clone();
         config.prometheus = cli.prometheus.clone();
+        config.demo = Some(std::sync::Arc::new(fleet_demo::Launcher));
         for path in &cli.discover_files {
             config.discovery.push(fleetdeck_control::DiscoverySource::File(path.clone()));
         }
@@ -214,7 +215,7 @@ fn main() -> Result<()> {
                 .push(fleetdeck_control::DiscoverySource::Srv { name: name.clone(), server: cli.dns_server });
         }
         if let Some((etcd, key)) = cli.etcd.connection()? {
-            config.policy_store = Some(fleetdeck_control::EtcdPolicyConfig { etcd, key });
+            config.etcd_policy = Some(fleetdeck_control::EtcdPolicyConfig { etcd, key });
         }
         for (i, router) in cli.routers.iter().enumerate() {
             let (url, metrics_url) = match router.split_once(",metrics=") {

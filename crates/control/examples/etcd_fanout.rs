@@ -107,7 +107,7 @@ async fn control(
         .iter()
         .map(|url| RouterTarget { url: url.clone(), token: Some(TOKEN.into()), ..RouterTarget::default() })
         .collect();
-    config.policy_store = store;
+    config.etcd_policy = store;
     Control::start(config, stop.child_token()).await
 }
 
@@ -143,15 +143,11 @@ async fn main() -> Result<()> {
     // The app's own call (the guarded txn, acknowledged once etcd has it on disk): part of each sample.
     let mut txn = Vec::new();
     for i in 1..=pushes {
-        let reviewed = app.etcd_policy(EtcdKeyArgs::default()).await?;
+        let reviewed = app.etcd().policy(EtcdKeyArgs::default()).await?;
         let t0 = unix_us();
         let report = app
-            .push_etcd_policy(EtcdPushArgs {
-                text: spec(i),
-                if_revision: reviewed.revision,
-                key: None,
-                operator: None,
-            })
+            .etcd()
+            .push(EtcdPushArgs { text: spec(i), if_revision: reviewed.revision, key: None, operator: None })
             .await?;
         txn.push(Duration::from_micros(unix_us().saturating_sub(t0)));
         let applied = applied_at(&http, &fleet.urls, |_, s| {
@@ -170,7 +166,7 @@ async fn main() -> Result<()> {
         let targets: Vec<PushTarget> =
             fleet.urls.iter().map(|url| PushTarget { url: url.clone(), if_version: None }).collect();
         let t0 = unix_us();
-        let report = app.push_policy(PushArgs { text: spec(i), targets, operator: None }).await?;
+        let report = app.rollout().push_policy(PushArgs { text: spec(i), targets, operator: None }).await?;
         if let Some(failed) = report.results.iter().find(|r| !matches!(r.result, PushResult::Applied { .. }))
         {
             bail!("the HTTP push did not reach every router: {failed:?}");

@@ -1,4 +1,4 @@
-//! The UI's commands in one table: each name (`fleetdeck_api::CMD_*`) and the [`Control`] method it runs.
+//! The UI's commands in one table: each name (`fleetdeck_api::CMD_*`) and the handle method it runs.
 //!
 //! Both adapters call [`dispatch`]: the Tauri window's invoke handler and the headless server's
 //! `POST /api/COMMAND`. So the window and the browser cannot disagree on what a command does or how its
@@ -19,50 +19,50 @@ use crate::Control;
 /// Writes the table once and derives both [`COMMANDS`] and [`dispatch`] from it, so no command can be
 /// dispatched without being listed (the adapters' access tests walk the list).
 macro_rules! command_table {
-    ($($name:ident => $method:ident($kind:ident)),* $(,)?) => {
+    ($($name:ident => $handle:ident.$method:ident($kind:ident)),* $(,)?) => {
         /// Every command's name, in the table's order.
         pub const COMMANDS: &[&str] = &[$($name),*];
 
         /// Runs `command` with `args` as its arguments. Only translation happens here: every command is
-        /// one `Control` method.
+        /// one method of one of the [`Control`]'s handles.
         pub async fn dispatch(control: &Control, command: &str, args: Value) -> Result<Value, ApiError> {
             match command {
-                $($name => encode(command_table!(@call control, $method, $kind, args)),)*
+                $($name => encode(command_table!(@call control.$handle(), $method, $kind, args)),)*
                 other => Err(ApiError::new("unknown_command", format!("there is no command {other:?}"))),
             }
         }
     };
-    (@call $control:ident, $method:ident, none, $args:ident) => { $control.$method().await };
-    (@call $control:ident, $method:ident, optional, $args:ident) => { $control.$method(optional($args)?).await };
-    (@call $control:ident, $method:ident, required, $args:ident) => { $control.$method(required($args)?).await };
+    (@call $handle:expr, $method:ident, none, $args:ident) => { $handle.$method().await };
+    (@call $handle:expr, $method:ident, optional, $args:ident) => { $handle.$method(optional($args)?).await };
+    (@call $handle:expr, $method:ident, required, $args:ident) => { $handle.$method(required($args)?).await };
 }
 
 command_table! {
-    CMD_FLEET_SNAPSHOT => fleet_snapshot(optional),
-    CMD_HEAT_MAP => heat_map(optional),
-    CMD_REPLICA_HISTORY => replica_history(required),
-    CMD_DECISIONS => decisions(optional),
-    CMD_HEADROOM => headroom(optional),
-    CMD_SETTINGS => settings(none),
-    CMD_ADD_ENDPOINT => add_endpoint(required),
-    CMD_REMOVE_ENDPOINT => remove_endpoint(required),
-    CMD_SET_SCRAPE_INTERVAL => set_scrape_interval(required),
-    CMD_START_DEMO => start_demo(optional),
-    CMD_POLICY_EDITOR => policy_editor(none),
-    CMD_CHECK_SPEC => check_spec(required),
-    CMD_PUSH_POLICY => push_policy(required),
-    CMD_START_CANARY => start_canary(required),
-    CMD_CANARY_STATUS => canary_status(none),
-    CMD_ABORT_CANARY => abort_canary(required),
-    CMD_START_WHATIF => start_whatif(required),
-    CMD_WHATIF_STATUS => whatif_status(required),
-    CMD_CANCEL_WHATIF => cancel_whatif(required),
-    CMD_ETCD_POLICY => etcd_policy(optional),
-    CMD_PUSH_ETCD_POLICY => push_etcd_policy(required),
-    CMD_ROLLBACK_ETCD_POLICY => rollback_etcd_policy(required),
-    CMD_ETCD_DRIFT => etcd_drift(none),
-    CMD_POLICY_HISTORY => policy_history(none),
-    CMD_HISTORY_COMPARE => history_compare(required),
+    CMD_FLEET_SNAPSHOT => fleet.snapshot(optional),
+    CMD_REPLICA_HISTORY => fleet.replica_history(required),
+    CMD_HEAT_MAP => routers.heat_map(optional),
+    CMD_DECISIONS => routers.decisions(optional),
+    CMD_HEADROOM => routers.headroom(optional),
+    CMD_SETTINGS => settings.view(none),
+    CMD_ADD_ENDPOINT => settings.add_endpoint(required),
+    CMD_REMOVE_ENDPOINT => settings.remove_endpoint(required),
+    CMD_SET_SCRAPE_INTERVAL => settings.set_scrape_interval(required),
+    CMD_START_DEMO => demo.start(optional),
+    CMD_POLICY_EDITOR => rollout.policy_editor(none),
+    CMD_CHECK_SPEC => rollout.check_spec(required),
+    CMD_PUSH_POLICY => rollout.push_policy(required),
+    CMD_START_CANARY => canary.start(required),
+    CMD_CANARY_STATUS => canary.status(none),
+    CMD_ABORT_CANARY => canary.abort(required),
+    CMD_START_WHATIF => whatif.start(required),
+    CMD_WHATIF_STATUS => whatif.status(required),
+    CMD_CANCEL_WHATIF => whatif.cancel(required),
+    CMD_ETCD_POLICY => etcd.policy(optional),
+    CMD_PUSH_ETCD_POLICY => etcd.push(required),
+    CMD_ROLLBACK_ETCD_POLICY => etcd.rollback(required),
+    CMD_ETCD_DRIFT => etcd.drift(none),
+    CMD_POLICY_HISTORY => audit.policy_history(none),
+    CMD_HISTORY_COMPARE => audit.history_compare(required),
 }
 
 fn encode<T: serde::Serialize>(result: Result<T, ApiError>) -> Result<Value, ApiError> {

@@ -1,168 +1,112 @@
-//! The embedded demo fleet: emulated replicas, a fleet-router over them with its admin API on
-//! and a cache-aware policy, and steady traffic through it.
+//! Starting a demo fleet from the first window (`start_demo`), as `fleetdeck --demo` does at launch: the
+//! app watches its replicas and reads its router, and writes its history under a fleet of its own.
 //!
-//! The fleet is sized so that routing matters on screen: each replica's KV cache holds the long system
-//! prompts of about a third of the tenants, and the traffic keeps the replicas busy. Under a cache-aware
-//! policy each tenant sticks to a replica and its prompt stays cached; switch to round_robin and every
-//! replica sees every tenant, evicts prompts before their next use (the hit rate falls) and spends its
-//! time on prefill (requests queue, TTFT rises), within a minute.
-//!
-//! Everything binds 127.0.0.1 on free ports and stops when the cancellation token fires. The
-//! router's admin token is fresh per run and kept in a 0600 file (never in SQLite), so the app
-//! reads the demo router exactly as it reads a real one.
+//! This crate does not know what a demo fleet is made of (emulated replicas, a router, traffic: the
+//! `fleet-demo` crate): the binary hands it a [`DemoLauncher`], so the control crate links neither the
+//! router nor the emulator's serving side.
 
-use std::path::Path;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{Context, Result};
-use fleet_sim::load::{self, LoadConfig, LoadStats};
-use fleet_sim::{Fleet, ModelConfig};
-use tokio::net::TcpListener;
+use fleetdeck_api::{ApiError, DemoStarted, StartDemoArgs};
 use tokio_util::sync::CancellationToken;
 
-use crate::routers::RouterTarget;
+use crate::audit::Audit;
+use crate::fleet::Fleet;
+use crate::routers::{RouterTarget, Routers};
+use crate::unix_ms_now;
 
-/// The demo router's policy: SGLang-style cache-aware routing, so prefix groups stick to
-/// replicas and the heat map and decisions have something to show.
-pub const DEMO_POLICY: &str = "policy: cache_aware_approx\n";
-
-/// Shape of the demo.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DemoConfig {
-    pub replicas: usize,
-    /// Mean requests per second sent through the router.
-    pub rps: f64,
-    /// KV capacity of each replica, in blocks of 16 tokens.
-    pub kv_blocks: u32,
-    /// Tenants with a system prompt of their own, and its length in bytes (4 bytes a token).
-    pub tenants: usize,
-    pub system_prompt_bytes: usize,
-    /// The router's policy at start.
-    pub policy: String,
-}
-
-impl Default for DemoConfig {
-    fn default() -> Self {
-        // 12 prompts of ~3,000 tokens (~190 blocks each): a replica's 900 blocks hold about four of
-        // them, so cache-aware routing (three tenants a replica on four replicas) keeps them all cached,
-        // while round-robin makes every replica cycle through all twelve.
-        Self {
-            replicas: 4,
-            rps: 14.0,
-            kv_blocks: 900,
-            tenants: 12,
-            system_prompt_bytes: 12_000,
-            policy: DEMO_POLICY.to_owned(),
-        }
-    }
-}
-
-/// A running demo fleet.
-#[derive(Debug)]
-pub struct DemoFleet {
-    /// Base URLs of the emulated replicas (what the app watches).
-    pub replica_urls: Vec<String>,
-    /// Base URL of the router the traffic goes through.
-    pub router_url: String,
-    /// The router with its admin token file, for the app to read.
-    pub router: RouterTarget,
-    pub load: Arc<LoadStats>,
-}
-
-impl DemoFleet {
-    /// Starts the demo on loopback; it runs until `cancel` fires. The router's admin token is
-    /// written to `demo-router.token` (mode 0600) in `token_dir`.
-    pub async fn start(config: &DemoConfig, token_dir: &Path, cancel: &CancellationToken) -> Result<Self> {
-        let mut listeners = Vec::new();
-        for _ in 0..config.replicas {
-            listeners.push(
-                TcpListener::bind("127.0.0.1:0").await.context("cannot bind a demo replica on 127.0.0.1")?,
-            );
-        }
-        let mut model = ModelConfig::default();
-        model.engine.num_gpu_blocks = config.kv_blocks;
-        let fleet = Fleet::spawn(listeners, fleet_sim::DEFAULT_MODEL, &model, cancel)?;
-        let replica_urls = fleet.urls.clone();
-
-        let router_listener =
-            TcpListener::bind("127.0.0.1:0").await.context("cannot bind the demo router")?;
-        let router_url = format!("http://{}", router_listener.local_addr()?);
-        let token = fleet_store::secrets::random_token()?;
-        let token_file = token_dir.join("demo-router.token");
-        fleet_store::secrets::write_token_file(&token_file, token.expose())?;
-        let router_config = fleet_router::RouterConfig {
-            replicas: replica_urls.clone(),
-            policy: config.policy.parse().context("the demo policy does not parse")?,
-            admin_token: Some(token.expose().into()),
-            // "Recent traffic" for the heat map: a minute reacts to what the operator does.
-            heat_window: Duration::from_secs(60),
-            ..Default::default()
-        };
-        let stop = cancel.clone();
-        tokio::spawn(async move {
-            if let Err(error) =
-                fleet_router::serve(router_listener, router_config, stop.cancelled_owned()).await
-            {
-                tracing::error!(%error, "demo router stopped");
-            }
-        });
-
-        let load = Arc::new(LoadStats::default());
-        let load_config = LoadConfig {
-            target: router_url.clone(),
-            rps: config.rps,
-            tenants: config.tenants,
-            system_prompt_bytes: config.system_prompt_bytes,
-            ..LoadConfig::default()
-        };
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .build()
-            .context("cannot build the demo's HTTP client")?;
-        tokio::spawn(load::run(load_config, client, load.clone(), cancel.clone()));
-        tokio::spawn(async move {
-            let _ = fleet.join().await;
-        });
-        let router = RouterTarget {
-            url: router_url.clone(),
-            token: None,
-            token_file: Some(token_file),
-            metrics_url: None,
-        };
-        Ok(Self { replica_urls, router_url, router, load })
-    }
-}
-
-/// The history fleet of a demo started from the UI (`start_demo`).
+/// The history fleet of a demo started from the UI.
 pub const DEMO_FLEET: &str = "demo";
-
 /// Most replicas the UI may ask the demo for.
 const MAX_UI_DEMO_REPLICAS: u32 = 64;
 
-impl crate::Control {
-    /// Starts the demo fleet inside the running app and watches it, as `--demo` does: the first
-    /// window's way to try the app without a fleet. It runs until the app stops and is not saved
-    /// to the settings (its ports change every time). A second call answers with the running one.
-    pub async fn start_demo(
-        &self,
-        args: fleetdeck_api::StartDemoArgs,
-    ) -> Result<fleetdeck_api::DemoStarted, fleetdeck_api::ApiError> {
-        use fleetdeck_api::{ApiError, DemoStarted};
+/// A demo fleet that runs until its cancellation token fires.
+#[derive(Debug, Clone)]
+pub struct LaunchedDemo {
+    /// Base URLs of its replicas (what the app watches).
+    pub replica_urls: Vec<String>,
+    /// The model its replicas serve.
+    pub model: String,
+    /// Its router, with the admin token file the launcher wrote.
+    pub router: RouterTarget,
+}
+
+/// The future a [`DemoLauncher`] returns.
+pub type LaunchFuture<'a> = Pin<Box<dyn Future<Output = Result<LaunchedDemo, String>> + Send + 'a>>;
+
+/// Starts a demo fleet of `replicas` replicas on loopback, its router's admin token in a 0600 file in
+/// `token_dir`, running until `cancel` fires.
+pub trait DemoLauncher: Send + Sync {
+    fn launch<'a>(
+        &'a self,
+        replicas: u32,
+        token_dir: &'a Path,
+        cancel: CancellationToken,
+    ) -> LaunchFuture<'a>;
+}
+
+/// The demo started from the UI, if any. Cheap to clone.
+#[derive(Clone)]
+pub struct Demo {
+    inner: Arc<DemoInner>,
+}
+
+struct DemoInner {
+    launcher: Option<Arc<dyn DemoLauncher>>,
+    /// Held across a start, so two clicks cannot start two demos.
+    running: tokio::sync::Mutex<Option<DemoStarted>>,
+    fleet: Fleet,
+    routers: Routers,
+    audit: Audit,
+    token_dir: PathBuf,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Demo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Demo").field("launcher", &self.inner.launcher.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl Demo {
+    pub(crate) fn new(
+        launcher: Option<Arc<dyn DemoLauncher>>,
+        fleet: Fleet,
+        routers: Routers,
+        audit: Audit,
+        token_dir: PathBuf,
+        cancel: CancellationToken,
+    ) -> Self {
+        let running = tokio::sync::Mutex::new(None);
+        Self { inner: Arc::new(DemoInner { launcher, running, fleet, routers, audit, token_dir, cancel }) }
+    }
+
+    /// Starts the demo fleet inside the running app and watches it, as `--demo` does: the first window's
+    /// way to try the app without a fleet. It runs until the app stops and is not saved to the settings
+    /// (its ports change every time). A second call answers with the running one.
+    pub async fn start(&self, args: StartDemoArgs) -> Result<DemoStarted, ApiError> {
         if args.replicas == 0 || args.replicas > MAX_UI_DEMO_REPLICAS {
             return Err(ApiError::new(
                 "bad_request",
                 format!("a demo of {} replicas: pick 1 to {MAX_UI_DEMO_REPLICAS}", args.replicas),
             ));
         }
-        // Held across the start, so two clicks cannot start two demos.
-        let mut running = self.inner.demo.lock().await;
+        let Some(launcher) = &self.inner.launcher else {
+            return Err(ApiError::new(
+                "no_demo",
+                "this build of the app has no demo fleet; run `fleetdeck --demo` or add your replicas in Settings",
+            ));
+        };
+        let mut running = self.inner.running.lock().await;
         if let Some(demo) = running.as_ref() {
             return Ok(demo.clone());
         }
         // The demo's history goes to a fleet of its own in this database: mixed into the operator's
         // fleet, its samples and pushes would pollute every later before/after comparison.
-        let watched = self.watched_count();
+        let watched = self.inner.fleet.watched_count();
         if watched > 0 {
             return Err(ApiError::new(
                 "conflict",
@@ -175,41 +119,24 @@ impl crate::Control {
         let history_error = |e: fleet_store::StoreError| {
             ApiError::new("history", format!("cannot set up the demo's history: {e}"))
         };
-        self.inner
-            .store
-            .create_fleet(DEMO_FLEET, crate::fleet::unix_ms_now())
+        let store = self.inner.audit.store();
+        store.create_fleet(DEMO_FLEET, unix_ms_now()).await.map_err(history_error)?;
+        let demo = launcher
+            .launch(args.replicas, &self.inner.token_dir, self.inner.cancel.clone())
             .await
-            .map_err(history_error)?;
-        let config = DemoConfig { replicas: args.replicas as usize, ..DemoConfig::default() };
-        let demo = DemoFleet::start(&config, &self.inner.token_dir, &self.inner.cancel)
-            .await
-            .map_err(|e| ApiError::new("internal", format!("the demo fleet did not start: {e:#}")))?;
+            .map_err(|e| ApiError::new("internal", format!("the demo fleet did not start: {e}")))?;
         for url in &demo.replica_urls {
-            self.inner
-                .store
-                .assign_replica(url, fleet_sim::DEFAULT_MODEL, DEMO_FLEET, crate::fleet::unix_ms_now())
-                .await
-                .map_err(history_error)?;
+            store.assign_replica(url, &demo.model, DEMO_FLEET, unix_ms_now()).await.map_err(history_error)?;
         }
         // Only an app that watched nothing got here, and the demo starts once: nothing was written under
         // another fleet by this launch before.
-        let _ = self.inner.history_fleet.set(DEMO_FLEET);
-        self.add_group(demo.replica_urls.clone());
-        self.inner.routers.add(demo.router.clone(), &self.inner.store, DEMO_FLEET).await;
+        self.inner.audit.write_as(DEMO_FLEET);
+        self.inner.fleet.watch_all(&demo.replica_urls);
+        let router_url = demo.router.url.clone();
+        self.inner.routers.add(demo.router).await;
         self.inner.routers.poll().await;
-        let started = DemoStarted { replicas: demo.replica_urls, router: demo.router_url };
+        let started = DemoStarted { replicas: demo.replica_urls, router: router_url };
         *running = Some(started.clone());
         Ok(started)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_demo_policy_is_cache_aware_and_valid() {
-        let spec: fleet_policy::PolicySpec = DEMO_POLICY.parse().unwrap();
-        assert_eq!(spec.policy, "cache_aware_approx");
     }
 }

@@ -4,8 +4,6 @@
 
 #[path = "control/canary.rs"]
 mod canary;
-#[path = "control/demo.rs"]
-mod demo;
 #[path = "control/discovery.rs"]
 mod discovery;
 #[path = "control/etcd_fleet.rs"]

@@ -3,12 +3,15 @@
 //! state that keeps the last good signals beside the error and the time of the last good scrape.
 //!
 //! Every target runs as its own small task that sleeps until it is due, so a slow or dead
-//! target never delays another; a shared semaphore bounds sockets and CPU bursts. Targets start
-//! spread evenly over their first interval rather than all at once. Each scrape's outcome is
+//! target never delays another; a shared semaphore bounds sockets and CPU bursts. Targets join and
+//! leave one scheduler while it runs (`add`, `remove`) without disturbing the others, so a whole fleet,
+//! however it grows, is one scheduler with one stream of observations. Targets given at start are spread
+//! evenly over their first interval rather than scraped all at once. Each scrape's outcome is
 //! also sent as an [`Observation`] for whoever stores history, without waiting: a consumer that
 //! falls behind (a slow database) loses observations, counted in [`Scheduler::dropped_observations`],
 //! and never holds up a scrape.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -80,8 +83,9 @@ pub struct TargetStatus {
 /// The outcome of one scrape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observation {
-    /// The target's index in the list given to [`Scheduler::start`].
-    pub index: usize,
+    /// The target's id: given to [`Scheduler::add`], or its index in the list given to
+    /// [`Scheduler::start`].
+    pub index: u32,
     pub url: String,
     pub at: SystemTime,
     /// The signals after this scrape, or the error in words for operators.
@@ -93,23 +97,54 @@ struct TargetState {
     window: Window,
 }
 
-struct Shared {
-    targets: Vec<Mutex<TargetState>>,
-    /// Origin of the monotonic seconds fed to the windows.
-    origin: Instant,
-    /// Observations dropped because their queue was full.
-    dropped: AtomicU64,
-}
-
-impl Shared {
-    fn target(&self, index: usize) -> MutexGuard<'_, TargetState> {
-        // A target's state is updated in whole assignments; a panic elsewhere cannot leave it
-        // torn, so a poisoned lock is taken over rather than propagated.
-        self.targets[index].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+impl TargetState {
+    fn new(url: &str, window: Duration) -> Self {
+        Self {
+            status: TargetStatus {
+                url: url.to_owned(),
+                signals: None,
+                last_good: None,
+                last_attempt: None,
+                error: None,
+                consecutive_failures: 0,
+                scrapes_ok: 0,
+                scrapes_failed: 0,
+                last_duration: None,
+            },
+            window: Window::new(window),
+        }
     }
 }
 
-/// A running set of scrape loops; they stop when the cancellation token fires. Cheap to clone.
+/// One target: its spec, its state (shared with its loop) and what stops its loop.
+struct Target {
+    spec: TargetSpec,
+    state: Arc<Mutex<TargetState>>,
+    stop: CancellationToken,
+}
+
+/// Locks a target's state. It is updated in whole assignments; a panic elsewhere cannot leave it torn,
+/// so a poisoned lock is taken over rather than propagated.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+struct Shared {
+    /// Every target by id, in id order.
+    targets: Mutex<BTreeMap<u32, Target>>,
+    config: Mutex<SchedulerConfig>,
+    client: reqwest::Client,
+    semaphore: Arc<Semaphore>,
+    observations: mpsc::Sender<Observation>,
+    cancel: CancellationToken,
+    /// Origin of the monotonic seconds fed to the windows.
+    origin: Instant,
+    /// Observations dropped because their queue was full.
+    dropped: Arc<AtomicU64>,
+}
+
+/// A running set of scrape loops, one per target, that targets join and leave while it runs; they all
+/// stop when the cancellation token fires. Cheap to clone.
 #[derive(Clone)]
 pub struct Scheduler {
     shared: Arc<Shared>,
@@ -117,73 +152,129 @@ pub struct Scheduler {
 
 impl std::fmt::Debug for Scheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scheduler").field("targets", &self.shared.targets.len()).finish()
+        f.debug_struct("Scheduler").field("targets", &self.len()).finish()
     }
 }
 
 impl Scheduler {
-    /// Starts scraping `targets` on the current tokio runtime until `cancel` fires. Returns
-    /// the scheduler and the stream of observations (dropping it is fine).
+    /// A scheduler with no targets yet, on the current tokio runtime until `cancel` fires. Returns it
+    /// and the stream of observations of every target, present and future (dropping it is fine).
+    pub fn new(
+        config: SchedulerConfig,
+        client: reqwest::Client,
+        cancel: CancellationToken,
+    ) -> (Self, mpsc::Receiver<Observation>) {
+        let (observations, receiver) = mpsc::channel(config.observation_queue.max(1));
+        let shared = Arc::new(Shared {
+            targets: Mutex::new(BTreeMap::new()),
+            semaphore: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
+            config: Mutex::new(config),
+            client,
+            observations,
+            cancel,
+            origin: Instant::now(),
+            dropped: Arc::new(AtomicU64::new(0)),
+        });
+        (Self { shared }, receiver)
+    }
+
+    /// Starts scraping `targets` (ids 0, 1, ... in the order given), spread evenly over their first
+    /// interval rather than all at once.
     pub fn start(
         targets: Vec<TargetSpec>,
         config: SchedulerConfig,
         client: reqwest::Client,
         cancel: CancellationToken,
     ) -> (Self, mpsc::Receiver<Observation>) {
-        let shared = Arc::new(Shared {
-            targets: targets
-                .iter()
-                .map(|spec| {
-                    Mutex::new(TargetState {
-                        status: TargetStatus {
-                            url: spec.url.clone(),
-                            signals: None,
-                            last_good: None,
-                            last_attempt: None,
-                            error: None,
-                            consecutive_failures: 0,
-                            scrapes_ok: 0,
-                            scrapes_failed: 0,
-                            last_duration: None,
-                        },
-                        window: Window::new(config.window),
-                    })
-                })
-                .collect(),
-            origin: Instant::now(),
-            dropped: AtomicU64::new(0),
-        });
-        let (observations, receiver) = mpsc::channel(config.observation_queue.max(1));
-        let semaphore = Arc::new(Semaphore::new(config.max_concurrent.max(1)));
+        let (scheduler, receiver) = Self::new(config, client, cancel);
         let count = targets.len().max(1) as u32;
-        for (index, spec) in targets.into_iter().enumerate() {
-            let phase = spec.interval * index as u32 / count;
-            let target = TargetLoop {
-                shared: shared.clone(),
-                index,
-                spec,
-                client: client.clone(),
-                semaphore: semaphore.clone(),
-                observations: observations.clone(),
-                max_backoff: config.max_backoff,
-            };
-            tokio::spawn(target.run(phase, cancel.clone()));
+        for (id, spec) in (0u32..).zip(targets) {
+            let phase = spec.interval * id / count;
+            scheduler.spawn(id, spec, phase);
         }
-        (Self { shared }, receiver)
+        (scheduler, receiver)
     }
 
-    /// Every target's state, in the order given.
+    /// Starts scraping `spec` as target `id` now (a target already there under that id is replaced, its
+    /// window started afresh). The others carry on untouched.
+    pub fn add(&self, id: u32, spec: TargetSpec) {
+        self.spawn(id, spec, Duration::ZERO);
+    }
+
+    /// Stops scraping target `id`; whether it was there.
+    pub fn remove(&self, id: u32) -> bool {
+        let removed = lock(&self.shared.targets).remove(&id);
+        removed.map(|target| target.stop.cancel()).is_some()
+    }
+
+    /// Scrapes every target on `interval` from now on, computing signals over `window`. Each target's loop
+    /// restarts with a fresh window (rates over a window of mixed intervals would mislead), spread evenly
+    /// over the new interval.
+    pub fn set_interval(&self, interval: Duration, window: Duration) {
+        lock(&self.shared.config).window = window;
+        let targets: Vec<(u32, TargetSpec)> =
+            lock(&self.shared.targets).iter().map(|(id, t)| (*id, t.spec.clone())).collect();
+        let count = targets.len().max(1) as u32;
+        for (n, (id, spec)) in (0u32..).zip(targets) {
+            self.spawn(id, TargetSpec { interval, ..spec }, interval * n / count);
+        }
+    }
+
+    fn spawn(&self, id: u32, spec: TargetSpec, phase: Duration) {
+        let (window, max_backoff) = {
+            let config = lock(&self.shared.config);
+            (config.window, config.max_backoff)
+        };
+        let state = Arc::new(Mutex::new(TargetState::new(&spec.url, window)));
+        let stop = self.shared.cancel.child_token();
+        let target = TargetLoop {
+            id,
+            state: state.clone(),
+            origin: self.shared.origin,
+            dropped: self.shared.dropped.clone(),
+            spec: spec.clone(),
+            client: self.shared.client.clone(),
+            semaphore: self.shared.semaphore.clone(),
+            observations: self.shared.observations.clone(),
+            max_backoff,
+        };
+        let replaced = lock(&self.shared.targets).insert(id, Target { spec, state, stop: stop.clone() });
+        if let Some(old) = replaced {
+            old.stop.cancel();
+        }
+        tokio::spawn(target.run(phase, stop));
+    }
+
+    /// Every target's state, in id order.
     pub fn statuses(&self) -> Vec<TargetStatus> {
-        (0..self.shared.targets.len()).map(|i| self.shared.target(i).status.clone()).collect()
+        self.targets().into_iter().map(|(_, status)| status).collect()
+    }
+
+    /// Every target's id and state, in id order.
+    pub fn targets(&self) -> Vec<(u32, TargetStatus)> {
+        let states: Vec<(u32, Arc<Mutex<TargetState>>)> =
+            lock(&self.shared.targets).iter().map(|(id, t)| (*id, t.state.clone())).collect();
+        states.into_iter().map(|(id, state)| (id, lock(&state).status.clone())).collect()
     }
 
     /// One target's state.
-    pub fn status(&self, index: usize) -> Option<TargetStatus> {
-        (index < self.shared.targets.len()).then(|| self.shared.target(index).status.clone())
+    pub fn status(&self, id: u32) -> Option<TargetStatus> {
+        let state = lock(&self.shared.targets).get(&id).map(|t| t.state.clone())?;
+        Some(lock(&state).status.clone())
+    }
+
+    /// Whether `url` is one of the targets.
+    pub fn contains_url(&self, url: &str) -> bool {
+        lock(&self.shared.targets).values().any(|t| t.spec.url == url)
+    }
+
+    /// The id of the target scraping `url`, if any.
+    pub fn id_of(&self, url: &str) -> Option<u32> {
+        lock(&self.shared.targets).iter().find(|(_, t)| t.spec.url == url).map(|(id, _)| *id)
     }
 
     pub fn len(&self) -> usize {
-        self.shared.targets.len()
+        lock(&self.shared.targets).len()
     }
 
     /// Observations dropped because their consumer fell behind (the scrapes themselves went on).
@@ -192,7 +283,7 @@ impl Scheduler {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.shared.targets.is_empty()
+        self.len() == 0
     }
 }
 
@@ -203,8 +294,10 @@ pub fn backoff(interval: Duration, failures: u32, max: Duration) -> Duration {
 }
 
 struct TargetLoop {
-    shared: Arc<Shared>,
-    index: usize,
+    id: u32,
+    state: Arc<Mutex<TargetState>>,
+    origin: Instant,
+    dropped: Arc<AtomicU64>,
     spec: TargetSpec,
     client: reqwest::Client,
     semaphore: Arc<Semaphore>,
@@ -231,10 +324,10 @@ impl TargetLoop {
             let result = scrape::scrape(&self.client, &self.spec.url, self.spec.limits).await;
             drop(_permit);
             let took = started.elapsed();
-            let at_s = started.duration_since(self.shared.origin).as_secs_f64();
+            let at_s = started.duration_since(self.origin).as_secs_f64();
 
             let (observation, failures) = {
-                let mut state = self.shared.target(self.index);
+                let mut state = lock(&self.state);
                 let state = &mut *state;
                 state.status.last_attempt = Some(at);
                 state.status.last_duration = Some(took);
@@ -258,7 +351,7 @@ impl TargetLoop {
                     }
                 };
                 let observation =
-                    Observation { index: self.index, url: self.spec.url.clone(), at, result: outcome };
+                    Observation { index: self.id, url: self.spec.url.clone(), at, result: outcome };
                 (observation, state.status.consecutive_failures)
             };
 
@@ -277,7 +370,7 @@ impl TargetLoop {
             // Never wait for the consumer: a full queue costs this observation (counted), not the scrapes.
             // A dropped receiver only means nobody stores history.
             if let Err(mpsc::error::TrySendError::Full(_)) = self.observations.try_send(observation) {
-                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+                self.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

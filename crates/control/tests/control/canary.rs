@@ -96,14 +96,14 @@ fn traffic(url: &str, seed: u64) -> DropGuard {
 async fn finished(control: &Control, within: Duration) -> Result<CanaryStatus> {
     eventually("the canary to finish", within, || {
         let control = control.clone();
-        async move { Ok(control.canary_status().await?.canary.filter(|c| c.finished)) }
+        async move { Ok(control.canary().status().await?.canary.filter(|c| c.finished)) }
     })
     .await
 }
 
 /// The versions the operator reviewed for `text`, from the editor's diff.
 async fn reviewed(control: &Control, text: &str) -> Result<Vec<PushTarget>> {
-    let check = control.check_spec(CheckSpecArgs { text: text.into() }).await?;
+    let check = control.rollout().check_spec(CheckSpecArgs { text: text.into() }).await?;
     Ok(check.diffs.iter().map(|d| PushTarget { url: d.url.clone(), if_version: d.version }).collect())
 }
 
@@ -119,12 +119,13 @@ async fn a_better_policy_is_promoted_through_router_processes_and_a_router_that_
     assert!(reviewed.iter().all(|r| r.if_version.is_some()), "{reviewed:?}");
 
     f.control
-        .start_canary(CanaryArgs {
+        .canary()
+        .start(CanaryArgs {
             text: text.into(),
             canary: vec![urls[0].clone()],
             baseline: vec![urls[1].clone(), urls[2].clone()],
             observe_s: 6,
-            guards: CanaryGuards { min_requests: 20, ..CanaryGuards::default() },
+            guards: CanaryGuards { min_requests: Some(20), ..CanaryGuards::default() },
             check_every_ms: Some(500),
             operator: Some("ana".into()),
             reviewed,
@@ -133,7 +134,7 @@ async fn a_better_policy_is_promoted_through_router_processes_and_a_router_that_
     let control = f.control.clone();
     eventually("the canary to be observed", Duration::from_secs(30), || {
         let control = control.clone();
-        async move { Ok(control.canary_status().await?.canary.filter(|c| c.phase == "observing")) }
+        async move { Ok(control.canary().status().await?.canary.filter(|c| c.phase == "observing")) }
     })
     .await?;
     // Someone changes router c after the operator reviewed it.
@@ -178,17 +179,18 @@ async fn errors_injected_by_fleet_sim_roll_the_canary_back_on_its_error_rate() -
     let _loads: Vec<DropGuard> = urls.iter().enumerate().map(|(i, url)| traffic(url, i as u64 + 7)).collect();
     let text = "policy: least_load";
     f.control
-        .start_canary(CanaryArgs {
+        .canary()
+        .start(CanaryArgs {
             text: text.into(),
             canary: vec![urls[0].clone()],
             baseline: vec![urls[1].clone()],
             observe_s: 600,
             // TTFT and hit rate cannot trip: only the error guard can roll this canary back.
             guards: CanaryGuards {
-                min_requests: 20,
-                max_ttft_p95_ratio: 100.0,
-                min_ttft_p95_increase_ms: 60_000.0,
-                max_hit_rate_drop: 1.0,
+                min_requests: Some(20),
+                max_ttft_p95_ratio: Some(100.0),
+                min_ttft_p95_increase_ms: Some(60_000.0),
+                max_hit_rate_drop: Some(1.0),
                 ..CanaryGuards::default()
             },
             check_every_ms: Some(500),
@@ -200,7 +202,7 @@ async fn errors_injected_by_fleet_sim_roll_the_canary_back_on_its_error_rate() -
     let observing = eventually("the canary to hold with traffic", Duration::from_secs(60), || {
         let control = control.clone();
         async move {
-            let c = control.canary_status().await?.canary;
+            let c = control.canary().status().await?.canary;
             Ok(c.filter(|c| c.phase == "observing" && c.verdict.as_deref() == Some("holding")))
         }
     })

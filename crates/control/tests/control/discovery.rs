@@ -26,7 +26,7 @@ async fn fleet_becomes(control: &Control, wanted: &[&str]) -> Result<()> {
         let wanted = wanted.clone();
         async move {
             let args = FleetSnapshotArgs { window_s: 60, synthetic: 0, skip_series: true };
-            let snapshot = control.fleet_snapshot(args).await?;
+            let snapshot = control.fleet().snapshot(args).await?;
             let mut shown: Vec<String> = snapshot.replicas.iter().map(|r| r.url.clone()).collect();
             shown.sort();
             let scraped = snapshot.replicas.iter().all(|r| matches!(r.scrape, ScrapeState::Ok { .. }));
@@ -60,7 +60,7 @@ async fn a_watched_file_adds_and_removes_replicas_and_routers() -> Result<()> {
     std::fs::write(&file, sd.to_string())?;
     fleet_becomes(&control, &[a, b]).await?;
     let routers = eventually("the discovered router to be read", Duration::from_secs(20), || async {
-        let settings = control.settings().await?;
+        let settings = control.settings().view().await?;
         Ok(settings.routers.iter().any(|r| r.url == router.url()).then_some(settings.routers))
     })
     .await?;
@@ -69,12 +69,12 @@ async fn a_watched_file_adds_and_removes_replicas_and_routers() -> Result<()> {
     // A replica leaves the file: it leaves the view. So does the router.
     std::fs::write(&file, format!("[\"{b}\"]"))?;
     fleet_becomes(&control, &[b]).await?;
-    assert!(control.settings().await?.routers.is_empty());
+    assert!(control.settings().view().await?.routers.is_empty());
 
     // A broken file keeps what was found, with the error.
     std::fs::write(&file, "replicas: [")?;
     let status = eventually("the broken file to be reported", Duration::from_secs(20), || async {
-        let status = control.discovery_status();
+        let status = control.discovery().status();
         Ok(status[0].error.as_ref().is_some_and(|e| e.contains("not valid YAML")).then_some(status))
     })
     .await?;
@@ -105,7 +105,7 @@ async fn dns_srv_records_add_and_remove_replicas() -> Result<()> {
     dns.serve(&[record(1)]).await?;
     fleet_becomes(&control, &[b]).await?;
     // A name with no records is an empty service, not an error.
-    assert!(control.discovery_status()[0].error.is_none());
+    assert!(control.discovery().status()[0].error.is_none());
     Ok(())
 }
 
@@ -124,17 +124,17 @@ async fn a_new_replica_shows_within_one_read_of_the_file() -> Result<()> {
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
     let control = start(dir.path(), DiscoverySource::File(file.clone()), &stop).await?;
-    control.set_scrape_interval(fleetdeck_api::ScrapeIntervalArgs { seconds: 0.5 }).await?;
+    control.settings().set_scrape_interval(fleetdeck_api::ScrapeIntervalArgs { seconds: 0.5 }).await?;
     fleet_becomes(&control, &[a]).await?;
 
-    let reads_before = control.discovery_status()[0].reads;
+    let reads_before = control.discovery().status()[0].reads;
     std::fs::write(&file, format!("[\"{a}\", \"{b}\"]"))?;
     let scraped_after =
         eventually("the new replica to be listed and scraped", Duration::from_secs(20), || async {
             // Reads first, then the view: a read counted here has been applied to the view read next.
-            let reads = control.discovery_status()[0].reads - reads_before;
+            let reads = control.discovery().status()[0].reads - reads_before;
             let args = FleetSnapshotArgs { window_s: 60, synthetic: 0, skip_series: true };
-            let snapshot = control.fleet_snapshot(args).await?;
+            let snapshot = control.fleet().snapshot(args).await?;
             let row = snapshot.replicas.iter().find(|r| r.url == b);
             anyhow::ensure!(
                 row.is_some() || reads < 2,

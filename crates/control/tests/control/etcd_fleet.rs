@@ -76,7 +76,7 @@ async fn all_on(control: &Control, revision: i64) -> Result<()> {
         &format!("all {ROUTERS} routers on revision {revision}"),
         Duration::from_secs(60),
         || async move {
-            let drift = control.etcd_drift().await?;
+            let drift = control.etcd().drift().await?;
             let [key] = drift.keys.as_slice() else { bail!("routers watch {} keys", drift.keys.len()) };
             if key.revision != revision {
                 bail!("the key is at {}, not {revision}", key.revision);
@@ -111,7 +111,7 @@ async fn fifty_routers_follow_every_push_refuse_a_bad_value_and_ride_out_an_etcd
         .iter()
         .map(|url| RouterTarget { url: url.clone(), token: Some(TOKEN.into()), ..RouterTarget::default() })
         .collect();
-    config.policy_store = Some(EtcdPolicyConfig { etcd: EtcdConfig::new(&etcd.url()), key: KEY.into() });
+    config.etcd_policy = Some(EtcdPolicyConfig { etcd: EtcdConfig::new(&etcd.url()), key: KEY.into() });
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
     let control = Control::start(config, stop).await?;
@@ -120,9 +120,10 @@ async fn fifty_routers_follow_every_push_refuse_a_bad_value_and_ride_out_an_etcd
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
     let mut pushed = Vec::new();
     for i in 1..=VERSIONS {
-        let reviewed = control.etcd_policy(EtcdKeyArgs::default()).await?;
+        let reviewed = control.etcd().policy(EtcdKeyArgs::default()).await?;
         let report = control
-            .push_etcd_policy(EtcdPushArgs {
+            .etcd()
+            .push(EtcdPushArgs {
                 text: spec(i),
                 if_revision: reviewed.revision,
                 key: None,
@@ -138,7 +139,7 @@ async fn fifty_routers_follow_every_push_refuse_a_bad_value_and_ride_out_an_etcd
             let bad = store.put(KEY, br#"{"policy": "no_such_policy"}"#).await?;
             let drift =
                 eventually("every router to refuse the invalid value", Duration::from_secs(60), || async {
-                    let drift = control.etcd_drift().await?;
+                    let drift = control.etcd().drift().await?;
                     let refused = drift.keys.first().map_or(0, |k| {
                         k.lagging
                             .iter()
@@ -154,11 +155,12 @@ async fn fifty_routers_follow_every_push_refuse_a_bad_value_and_ride_out_an_etcd
                 assert_eq!(state["policy_store"]["rejected_total"], 1, "{state}");
             }
             // The app shows the key's value as invalid, and never writes one itself.
-            let shown = control.etcd_policy(EtcdKeyArgs::default()).await?;
+            let shown = control.etcd().policy(EtcdKeyArgs::default()).await?;
             assert_eq!(shown.revision, bad);
             assert!(shown.invalid.as_deref().unwrap_or("").contains("no_such_policy"), "{shown:?}");
             let refused = control
-                .push_etcd_policy(EtcdPushArgs {
+                .etcd()
+                .push(EtcdPushArgs {
                     text: r#"{"policy": "no_such_policy"}"#.into(),
                     if_revision: bad,
                     key: None,
@@ -187,20 +189,22 @@ async fn fifty_routers_follow_every_push_refuse_a_bad_value_and_ride_out_an_etcd
     }
 
     // A push reviewed against an old revision is refused and writes nothing.
-    let before = control.etcd_policy(EtcdKeyArgs::default()).await?;
+    let before = control.etcd().policy(EtcdKeyArgs::default()).await?;
     let stale = control
-        .push_etcd_policy(EtcdPushArgs { text: spec(1), if_revision: pushed[0], key: None, operator: None })
+        .etcd()
+        .push(EtcdPushArgs { text: spec(1), if_revision: pushed[0], key: None, operator: None })
         .await
         .unwrap_err();
     assert_eq!(stale.code, "revision_conflict", "{stale:?}");
-    assert_eq!(control.etcd_policy(EtcdKeyArgs::default()).await?.revision, before.revision);
+    assert_eq!(control.etcd().policy(EtcdKeyArgs::default()).await?.revision, before.revision);
 
     // Rollback: one guarded txn back to the previous value, and every router follows.
     let back = control
-        .rollback_etcd_policy(EtcdRollbackArgs { if_revision: before.revision, key: None, operator: None })
+        .etcd()
+        .rollback(EtcdRollbackArgs { if_revision: before.revision, key: None, operator: None })
         .await?;
     all_on(&control, back.revision).await?;
-    let drift = control.etcd_drift().await?;
+    let drift = control.etcd().drift().await?;
     assert!(drift.is_empty(), "{drift:?}");
     for state in states(&http, &urls).await? {
         assert_eq!(state["policy"]["name"], policy_name(VERSIONS - 1), "{state}");
@@ -217,7 +221,7 @@ async fn fifty_routers_follow_every_push_refuse_a_bad_value_and_ride_out_an_etcd
         assert_eq!(swaps.trim(), (VERSIONS + 2).to_string(), "{url}");
     }
     // The audit trail has every write, attributed.
-    let versions = control.policy_history().await?;
+    let versions = control.audit().policy_history().await?;
     assert!(versions.versions.len() > VERSIONS, "{} versions recorded", versions.versions.len());
     Ok(())
 }
@@ -252,7 +256,7 @@ async fn a_canary_on_etcd_writes_its_group_key_rolls_it_back_and_promotes_throug
         .iter()
         .map(|r| RouterTarget { url: r.url(), token: Some(TOKEN.into()), ..RouterTarget::default() })
         .collect();
-    config.policy_store = Some(EtcdPolicyConfig { etcd: EtcdConfig::new(&etcd.url()), key: MAIN.into() });
+    config.etcd_policy = Some(EtcdPolicyConfig { etcd: EtcdConfig::new(&etcd.url()), key: MAIN.into() });
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
     let control = Control::start(config, stop).await?;
@@ -271,10 +275,10 @@ async fn a_canary_on_etcd_writes_its_group_key_rolls_it_back_and_promotes_throug
         baseline: vec![baseline.url()],
         observe_s,
         guards: CanaryGuards {
-            max_ttft_p95_ratio: 10.0,
-            min_ttft_p95_increase_ms: 10_000.0,
-            max_hit_rate_drop: 1.0,
-            min_requests: 5,
+            max_ttft_p95_ratio: Some(10.0),
+            min_ttft_p95_increase_ms: Some(10_000.0),
+            max_hit_rate_drop: Some(1.0),
+            min_requests: Some(5),
             ..CanaryGuards::default()
         },
         check_every_ms: Some(300),
@@ -286,38 +290,38 @@ async fn a_canary_on_etcd_writes_its_group_key_rolls_it_back_and_promotes_throug
         async move {
             eventually(&format!("the canary to be {wanted}"), Duration::from_secs(60), || {
                 let control = control.clone();
-                async move { Ok(control.canary_status().await?.canary.filter(|c| c.phase == wanted)) }
+                async move { Ok(control.canary().status().await?.canary.filter(|c| c.phase == wanted)) }
             })
             .await
         }
     };
 
     // Aborted while observing: the group key goes back to its previous value, and so does the canary router.
-    control.start_canary(args(600)).await?;
+    control.canary().start(args(600)).await?;
     phase("observing").await?;
     assert_eq!(policy_of(canary.url()).await?, "least_load");
     assert_eq!(policy_of(baseline.url()).await?, policy_name(0), "the baseline keeps its policy");
-    control.abort_canary(AbortCanaryArgs { reason: "test".into() }).await?;
+    control.canary().abort(AbortCanaryArgs { reason: "test".into() }).await?;
     let done = eventually("the canary to finish", Duration::from_secs(60), || async {
-        Ok(control.canary_status().await?.canary.filter(|c| c.finished))
+        Ok(control.canary().status().await?.canary.filter(|c| c.finished))
     })
     .await?;
     assert_eq!(done.phase, "rolled_back", "{done:?}");
     assert_eq!(policy_of(canary.url()).await?, policy_name(0));
-    let group = control.etcd_policy(EtcdKeyArgs { key: Some(GROUP.into()) }).await?;
+    let group = control.etcd().policy(EtcdKeyArgs { key: Some(GROUP.into()) }).await?;
     assert!(group.text.unwrap_or_default().contains(policy_name(0)));
 
     // Watched with traffic on both sides and promoted: the main key takes the candidate.
     let _load_a = crate::rollout::traffic(&canary, 20.0, 1);
     let _load_b = crate::rollout::traffic(&baseline, 20.0, 2);
-    control.start_canary(args(2)).await?;
+    control.canary().start(args(2)).await?;
     let promoted = phase("promoted").await?;
     assert!(promoted.finished, "{promoted:?}");
     assert_eq!(policy_of(baseline.url()).await?, "least_load");
-    let main = control.etcd_policy(EtcdKeyArgs::default()).await?;
+    let main = control.etcd().policy(EtcdKeyArgs::default()).await?;
     assert!(main.text.unwrap_or_default().contains("least_load"));
-    assert!(control.etcd_drift().await?.is_empty());
-    let history = control.policy_history().await?;
+    assert!(control.etcd().drift().await?.is_empty());
+    let history = control.audit().policy_history().await?;
     assert!(history.versions.iter().any(|v| v.label.starts_with("rollback-of-canary-least_load@")));
     Ok(())
 }
@@ -329,16 +333,17 @@ async fn the_app_pushes_to_an_etcd_over_https_with_a_client_certificate() -> Res
     let etcd = EtcdServer::start_tls().await?;
     let dir = tempfile::tempdir()?;
     let mut config = ControlConfig::new(Vec::new(), dir.path().join("history.db"));
-    config.policy_store = Some(EtcdPolicyConfig { etcd: etcd.config(), key: KEY.into() });
+    config.etcd_policy = Some(EtcdPolicyConfig { etcd: etcd.config(), key: KEY.into() });
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
     let control = Control::start(config, stop.child_token()).await?;
-    let empty = control.etcd_policy(EtcdKeyArgs::default()).await?;
+    let empty = control.etcd().policy(EtcdKeyArgs::default()).await?;
     assert_eq!((empty.revision, empty.text), (0, None));
     let pushed = control
-        .push_etcd_policy(EtcdPushArgs { text: spec(1), if_revision: 0, key: None, operator: None })
+        .etcd()
+        .push(EtcdPushArgs { text: spec(1), if_revision: 0, key: None, operator: None })
         .await?;
-    let read = control.etcd_policy(EtcdKeyArgs::default()).await?;
+    let read = control.etcd().policy(EtcdKeyArgs::default()).await?;
     assert_eq!(read.revision, pushed.revision);
     assert!(read.text.unwrap_or_default().contains(policy_name(1)));
 
@@ -346,18 +351,14 @@ async fn the_app_pushes_to_an_etcd_over_https_with_a_client_certificate() -> Res
     no_certificate.tls.cert = None;
     no_certificate.tls.key = None;
     let mut config = ControlConfig::new(Vec::new(), dir.path().join("other.db"));
-    config.policy_store = Some(EtcdPolicyConfig { etcd: no_certificate, key: KEY.into() });
+    config.etcd_policy = Some(EtcdPolicyConfig { etcd: no_certificate, key: KEY.into() });
     let turned_away = Control::start(config, stop.child_token()).await?;
     let error = turned_away
-        .push_etcd_policy(EtcdPushArgs {
-            text: spec(2),
-            if_revision: pushed.revision,
-            key: None,
-            operator: None,
-        })
+        .etcd()
+        .push(EtcdPushArgs { text: spec(2), if_revision: pushed.revision, key: None, operator: None })
         .await
         .unwrap_err();
     assert_eq!(error.code, "store_unreachable", "{error:?}");
-    assert_eq!(control.etcd_policy(EtcdKeyArgs::default()).await?.revision, pushed.revision);
+    assert_eq!(control.etcd().policy(EtcdKeyArgs::default()).await?.revision, pushed.revision);
     Ok(())
 }

@@ -14,7 +14,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use tokio_util::sync::CancellationToken;
 
 async fn snapshot(control: &Control) -> Result<FleetSnapshot> {
-    Ok(control.fleet_snapshot(FleetSnapshotArgs { window_s: 60, synthetic: 0, skip_series: true }).await?)
+    Ok(control.fleet().snapshot(FleetSnapshotArgs { window_s: 60, synthetic: 0, skip_series: true }).await?)
 }
 
 /// The newest good scrape among the replicas.
@@ -52,7 +52,7 @@ async fn a_locked_database_neither_stops_the_scrapes_nor_fails_silently() -> Res
     let options = SqliteConnectOptions::from_str("sqlite://")?.filename(&db);
     let mut holder = SqliteConnection::connect_with(&options).await?;
     sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder).await?;
-    let locked_at = fleetdeck_control::fleet::unix_ms_now();
+    let locked_at = fleetdeck_control::unix_ms_now();
 
     let stuck = eventually("failed writes and shed rounds to show", wait, || async {
         let s = snapshot(&control).await?;
@@ -63,7 +63,7 @@ async fn a_locked_database_neither_stops_the_scrapes_nor_fails_silently() -> Res
     assert!(error.contains("locked") || error.contains("busy"), "{error}");
     // The scrapes went on all the while: the fleet view's values are newer than the lock.
     assert!(newest_scrape(&stuck) > locked_at + 1000, "scrapes stalled behind the database: {stuck:?}");
-    let metrics = control.render_metrics();
+    let metrics = control.fleet().render_metrics();
     let value = |name: &str| -> f64 {
         metrics.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or(-1.0)
     };
@@ -81,5 +81,52 @@ async fn a_locked_database_neither_stops_the_scrapes_nor_fails_silently() -> Res
     })
     .await?;
     assert!(recovered.history.failed_writes >= stuck.history.failed_writes);
+    Ok(())
+}
+
+/// One history transaction per scrape interval, however many replicas: 100 replicas found by discovery
+/// join one scheduler and one batcher, so the writer gets one round per interval (it got one per replica
+/// and interval when each discovered replica had a scheduler and a batcher of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_discovered_replicas_are_written_in_one_transaction_per_interval() -> Result<()> {
+    const REPLICAS: usize = 100;
+    let sim = spawn_sim(1, Default::default()).await?;
+    // A hundred distinct targets, all served by one emulated replica's real vLLM exposition.
+    let urls: Vec<String> = (0..REPLICAS).map(|i| format!("{}/metrics?replica={i}", sim.urls()[0])).collect();
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("fleet.json");
+    std::fs::write(&file, serde_json::to_string(&urls)?)?;
+    let mut config = ControlConfig::new(Vec::new(), dir.path().join("history.sqlite"));
+    let interval = Duration::from_millis(500);
+    config.scrape_interval = interval;
+    config.discovery.push(fleetdeck_control::DiscoverySource::File(file));
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let started = std::time::Instant::now();
+    let control = Control::start(config, stop).await?;
+    let pool =
+        sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("history.sqlite").display()))
+            .await?;
+    // Every replica stored at least three times.
+    let samples = eventually("three samples of every replica", Duration::from_secs(60), || {
+        let pool = pool.clone();
+        async move {
+            let per_replica: Vec<(i64,)> =
+                sqlx::query_as("SELECT COUNT(*) FROM samples GROUP BY replica_id").fetch_all(&pool).await?;
+            let enough = per_replica.len() == REPLICAS && per_replica.iter().all(|(n,)| *n >= 3);
+            Ok(enough.then(|| per_replica.iter().map(|(n,)| *n).sum::<i64>()))
+        }
+    })
+    .await?;
+    let rounds = snapshot(&control).await?.history.written_rounds;
+    // The batcher ticks at most once per interval (the first tick at once): this bound holds whatever the
+    // machine's speed, and a batcher per replica would exceed it a hundredfold.
+    let intervals = (started.elapsed().as_secs_f64() / interval.as_secs_f64()).floor() as u64 + 1;
+    assert!(
+        rounds <= intervals,
+        "{rounds} rounds written in {intervals} intervals for {REPLICAS} replicas ({samples} samples): \
+         more than one transaction per interval"
+    );
+    assert!(samples >= 3 * REPLICAS as i64 && rounds >= 3, "{rounds} rounds, {samples} samples");
     Ok(())
 }

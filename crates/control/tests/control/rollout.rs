@@ -14,7 +14,7 @@ use fleetdeck_api::{
     CanaryArgs, CanaryGuards, CheckSpecArgs, DriftBadge, PushArgs, PushResult, PushTarget, WhatIfArgs,
     WhatIfJobArgs,
 };
-use fleetdeck_control::admin::AdminClient;
+use fleetdeck_control::routers::admin::AdminClient;
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use serde_json::Value;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -97,7 +97,7 @@ async fn a_stale_push_is_refused_and_an_invalid_spec_never_reaches_a_router() ->
 
     // The operator sees the diff against the version each router runs.
     let text = "policy: consistent_hash\nparams:\n  load_factor: 1.5\n";
-    let check = s.control.check_spec(CheckSpecArgs { text: text.into() }).await?;
+    let check = s.control.rollout().check_spec(CheckSpecArgs { text: text.into() }).await?;
     assert!(check.valid, "{:?}", check.problem);
     let diff_a = check.diffs.iter().find(|d| d.url == a).context("no diff for router a")?;
     assert_eq!(diff_a.version, Some(v_a));
@@ -106,6 +106,7 @@ async fn a_stale_push_is_refused_and_an_invalid_spec_never_reaches_a_router() ->
     // Someone else changes router a after the operator looked.
     let other = s
         .control
+        .rollout()
         .push_policy(PushArgs {
             text: "policy: least_load".into(),
             targets: vec![PushTarget { url: a.clone(), if_version: None }],
@@ -117,6 +118,7 @@ async fn a_stale_push_is_refused_and_an_invalid_spec_never_reaches_a_router() ->
     // The operator's confirmed push still names the version they saw: a is refused as stale, b applies.
     let push = s
         .control
+        .rollout()
         .push_policy(PushArgs {
             text: text.into(),
             targets: vec![
@@ -144,7 +146,7 @@ async fn a_stale_push_is_refused_and_an_invalid_spec_never_reaches_a_router() ->
     assert_eq!(spec_a["policy"], "least_load", "the stale push must not have changed router a");
 
     // Drift: b runs the intended spec, a does not.
-    let editor = s.control.policy_editor().await?;
+    let editor = s.control.rollout().policy_editor().await?;
     let badge = |url: &str| editor.routers.iter().find(|r| r.url == url).map(|r| r.drift.clone());
     assert_eq!(badge(&b), Some(DriftBadge::InSync { version: v_b }));
     assert!(
@@ -156,6 +158,7 @@ async fn a_stale_push_is_refused_and_an_invalid_spec_never_reaches_a_router() ->
     // An invalid spec is refused by the app, naming the field; no router version moves.
     let err = s
         .control
+        .rollout()
         .push_policy(PushArgs {
             text: "policy: consistent_hash\nparams: {load_factor: 0.2}\n".into(),
             targets: vec![
@@ -172,7 +175,7 @@ async fn a_stale_push_is_refused_and_an_invalid_spec_never_reaches_a_router() ->
     assert_eq!(router_policy(&s.routers[1]).await?.0, now_b);
 
     // The audit trail has both versions, who pushed them and every outcome.
-    let history = s.control.policy_history().await?;
+    let history = s.control.audit().policy_history().await?;
     assert_eq!(history.versions.len(), 2, "{history:?}");
     let ana = history.versions.iter().find(|v| v.author == "ana").context("ana's version")?;
     assert!(ana.spec.contains("consistent_hash"));
@@ -205,7 +208,8 @@ async fn what_if_replays_recorded_traffic_under_both_policies() -> Result<()> {
     })
     .await?;
     let started = control
-        .start_whatif(WhatIfArgs {
+        .whatif()
+        .start(WhatIfArgs {
             text: "policy: consistent_hash".into(),
             window_s: 600,
             trace_path: None,
@@ -217,7 +221,7 @@ async fn what_if_replays_recorded_traffic_under_both_policies() -> Result<()> {
     let done = eventually("the what-if result", Duration::from_secs(60), || {
         let control = control.clone();
         async move {
-            let status = control.whatif_status(WhatIfJobArgs { job: started.job }).await?;
+            let status = control.whatif().status(WhatIfJobArgs { job: started.job }).await?;
             if status.state == "failed" {
                 bail!("what-if failed: {:?}", status.message);
             }
@@ -234,10 +238,11 @@ async fn what_if_replays_recorded_traffic_under_both_policies() -> Result<()> {
     assert!(result.candidate.ttft_p95_s.is_some() && result.active.hit_rate.is_some());
 
     // A new run replaces the previous one; cancelling an ended run is harmless.
-    let cancelled = control.cancel_whatif(WhatIfJobArgs { job: started.job }).await?;
+    let cancelled = control.whatif().cancel(WhatIfJobArgs { job: started.job }).await?;
     assert_eq!(cancelled.state, "done");
     let bad = control
-        .start_whatif(WhatIfArgs {
+        .whatif()
+        .start(WhatIfArgs {
             text: "policy: nope".into(),
             window_s: 600,
             trace_path: None,
@@ -261,16 +266,17 @@ async fn a_canary_made_slower_by_fault_injection_rolls_back_by_itself() -> Resul
 
     let status = s
         .control
-        .start_canary(CanaryArgs {
+        .canary()
+        .start(CanaryArgs {
             text: "policy: least_load".into(),
             canary: vec![canary.clone()],
             baseline: vec![baseline.clone()],
             observe_s: 120,
             guards: CanaryGuards {
-                max_ttft_p95_ratio: 1.5,
-                min_ttft_p95_increase_ms: 100.0,
-                max_hit_rate_drop: 1.0,
-                min_requests: 15,
+                max_ttft_p95_ratio: Some(1.5),
+                min_ttft_p95_increase_ms: Some(100.0),
+                max_hit_rate_drop: Some(1.0),
+                min_requests: Some(15),
                 ..CanaryGuards::default()
             },
             check_every_ms: Some(500),
@@ -283,7 +289,7 @@ async fn a_canary_made_slower_by_fault_injection_rolls_back_by_itself() -> Resul
     let control = s.control.clone();
     eventually("the canary to be observed", Duration::from_secs(20), || {
         let control = control.clone();
-        async move { Ok(control.canary_status().await?.canary.filter(|c| c.phase == "observing")) }
+        async move { Ok(control.canary().status().await?.canary.filter(|c| c.phase == "observing")) }
     })
     .await?;
     let (during, spec) = router_policy(&s.routers[0]).await?;
@@ -300,7 +306,7 @@ async fn a_canary_made_slower_by_fault_injection_rolls_back_by_itself() -> Resul
     }
     let finished = eventually("the canary to roll itself back", Duration::from_secs(90), || {
         let control = control.clone();
-        async move { Ok(control.canary_status().await?.canary.filter(|c| c.finished)) }
+        async move { Ok(control.canary().status().await?.canary.filter(|c| c.finished)) }
     })
     .await?;
     assert_eq!(finished.phase, "rolled_back", "{finished:?}");
@@ -317,7 +323,7 @@ async fn a_canary_made_slower_by_fault_injection_rolls_back_by_itself() -> Resul
     assert_eq!(router_policy(&s.routers[1]).await?.1["policy"], "round_robin");
 
     // Every step reached the audit trail: the canary version, its rollback, who did it.
-    let history = s.control.policy_history().await?;
+    let history = s.control.audit().policy_history().await?;
     let labels: Vec<&str> = history.versions.iter().map(|v| v.label.as_str()).collect();
     assert!(labels.iter().any(|l| l.starts_with("canary-least_load@")), "{labels:?}");
     assert!(labels.iter().any(|l| l.starts_with("rollback-of-canary-least_load@")), "{labels:?}");

@@ -50,7 +50,7 @@ async fn an_smg_gateway_shows_as_a_read_only_router_with_its_workers_policy_and_
     let source = |control: &Control| {
         let control = control.clone();
         async move {
-            let heat = control.heat_map(HeatMapArgs::default()).await?;
+            let heat = control.routers().heat_map(HeatMapArgs::default()).await?;
             Ok::<Option<RouterSource>, anyhow::Error>(heat.routers.into_iter().next())
         }
     };
@@ -90,6 +90,6 @@ async fn an_smg_gateway_shows_as_a_read_only_router_with_its_workers_policy_and_
     // The routed request added no 5xx (those counted before it answered the test's readiness polls).
     assert_eq!(routed.errors_total, listed.errors_total, "{routed:?}");
     // Views that need fleet-router's admin API skip it rather than fail.
-    control.decisions(DecisionsArgs { limit: 10 }).await?;
+    control.routers().decisions(DecisionsArgs { limit: 10 }).await?;
     Ok(())
 }

@@ -12,7 +12,7 @@ use fleet_test_support::endpoints::garbage_metrics;
 use fleet_test_support::{eventually, spawn_sim};
 use fleetdeck_api::{
     AddEndpointArgs, DecisionsArgs, EndpointKind, HeadroomArgs, HeatMapArgs, RemoveEndpointArgs,
-    ReplicaHistoryArgs, ScrapeIntervalArgs, StartDemoArgs,
+    ReplicaHistoryArgs, ScrapeIntervalArgs,
 };
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use serde_json::json;
@@ -64,7 +64,7 @@ async fn heat_decisions_headroom_and_history_come_from_the_live_router() -> Resu
     }
 
     let heat = eventually("the heat map to show both groups", Duration::from_secs(30), || async {
-        let heat = control.heat_map(HeatMapArgs { hotspot_share: 0.5 }).await?;
+        let heat = control.routers().heat_map(HeatMapArgs { hotspot_share: 0.5 }).await?;
         Ok((heat.groups.len() >= 2).then_some(heat))
     })
     .await?;
@@ -80,12 +80,12 @@ async fn heat_decisions_headroom_and_history_come_from_the_live_router() -> Resu
     // Cache-aware routing keeps the hot group on one replica: 30 of 36 requests > 50%.
     assert_eq!(heat.hotspots.len(), 1, "{:?}", heat.hotspots);
     assert!(heat.hotspots[0].share > 0.5);
-    let calm = control.heat_map(HeatMapArgs { hotspot_share: 0.9 }).await?;
+    let calm = control.routers().heat_map(HeatMapArgs { hotspot_share: 0.9 }).await?;
     assert!(calm.hotspots.is_empty(), "a higher threshold clears it");
-    let bad = control.heat_map(HeatMapArgs { hotspot_share: 0.0 }).await.unwrap_err();
+    let bad = control.routers().heat_map(HeatMapArgs { hotspot_share: 0.0 }).await.unwrap_err();
     assert_eq!(bad.code, "bad_request");
 
-    let log = control.decisions(DecisionsArgs { limit: 10 }).await?;
+    let log = control.routers().decisions(DecisionsArgs { limit: 10 }).await?;
     assert_eq!(log.decisions.len(), 10);
     assert!(log.decisions.windows(2).all(|w| w[0].ts_ms >= w[1].ts_ms), "newest first");
     let d = &log.decisions[0];
@@ -95,7 +95,7 @@ async fn heat_decisions_headroom_and_history_come_from_the_live_router() -> Resu
     assert!(d.candidates.iter().all(|c| sim.urls().contains(&c.replica)));
     assert!(!d.branch.is_empty() && !d.reason.is_empty());
 
-    let headroom = control.headroom(HeadroomArgs { window_s: 600 }).await?;
+    let headroom = control.routers().headroom(HeadroomArgs { window_s: 600 }).await?;
     assert_eq!(headroom.models.len(), 1, "{headroom:?}");
     let m = &headroom.models[0];
     assert_eq!(m.requests, 36);
@@ -109,7 +109,7 @@ async fn heat_decisions_headroom_and_history_come_from_the_live_router() -> Resu
 
     // History of replica 0, and a marker when the router's policy changes.
     let history = eventually("replica 0's history", Duration::from_secs(30), || async {
-        let h = control.replica_history(ReplicaHistoryArgs { id: 0, window_s: 300 }).await?;
+        let h = control.fleet().replica_history(ReplicaHistoryArgs { id: 0, window_s: 300 }).await?;
         Ok((h.queue_depth.len() >= 2).then_some(h))
     })
     .await?;
@@ -129,12 +129,13 @@ async fn heat_decisions_headroom_and_history_come_from_the_live_router() -> Resu
         .await?
         .error_for_status()?;
     let marked = eventually("a policy-change marker", Duration::from_secs(30), || async {
-        let h = control.replica_history(ReplicaHistoryArgs { id: 0, window_s: 300 }).await?;
+        let h = control.fleet().replica_history(ReplicaHistoryArgs { id: 0, window_s: 300 }).await?;
         Ok(h.policy_changes.into_iter().find(|m| m.label.contains("round_robin")))
     })
     .await?;
     assert!(marked.label.contains(&format!("v{}", version + 1)), "{}", marked.label);
-    let missing = control.replica_history(ReplicaHistoryArgs { id: 99, window_s: 300 }).await.unwrap_err();
+    let missing =
+        control.fleet().replica_history(ReplicaHistoryArgs { id: 99, window_s: 300 }).await.unwrap_err();
     assert_eq!(missing.code, "not_found");
     Ok(())
 }
@@ -157,7 +158,7 @@ async fn settings_probe_at_once_persist_and_keep_tokens_in_0600_files() -> Resul
     let add = |kind, url: String, token: Option<&str>| {
         let control = control.clone();
         let token = token.map(str::to_owned);
-        async move { control.add_endpoint(AddEndpointArgs { kind, url, token }).await }
+        async move { control.settings().add_endpoint(AddEndpointArgs { kind, url, token }).await }
     };
     let found = add(EndpointKind::Replica, sim.urls()[0].clone(), None).await?;
     assert_eq!(found.detected.as_deref(), Some("vllm"));
@@ -200,25 +201,28 @@ async fn settings_probe_at_once_persist_and_keep_tokens_in_0600_files() -> Resul
         }
     }
 
-    let view = control.settings().await?;
+    let view = control.settings().view().await?;
     assert_eq!(view.replicas.len(), 2);
     assert_eq!(view.routers.len(), 1);
     assert_eq!(view.routers[0].token_file.as_deref(), Some(token_file.to_string_lossy().as_ref()));
-    let bad = control.set_scrape_interval(ScrapeIntervalArgs { seconds: 0.0 }).await.unwrap_err();
+    let bad = control.settings().set_scrape_interval(ScrapeIntervalArgs { seconds: 0.0 }).await.unwrap_err();
     assert!(bad.message.contains("pick"), "{}", bad.message);
-    control.set_scrape_interval(ScrapeIntervalArgs { seconds: 0.5 }).await?;
-    control.remove_endpoint(RemoveEndpointArgs { kind: EndpointKind::Replica, url: garbage.url() }).await?;
+    control.settings().set_scrape_interval(ScrapeIntervalArgs { seconds: 0.5 }).await?;
+    control
+        .settings()
+        .remove_endpoint(RemoveEndpointArgs { kind: EndpointKind::Replica, url: garbage.url() })
+        .await?;
     stop.cancel();
 
     // A restart keeps what was added (and still reads the router through its token file).
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
     let control = Control::start(ControlConfig::new(vec![], db), stop).await?;
-    let view = control.settings().await?;
+    let view = control.settings().view().await?;
     assert_eq!(view.replicas.iter().map(|r| r.url.as_str()).collect::<Vec<_>>(), [sim.urls()[0].as_str()]);
     assert_eq!(view.scrape_interval_s, 0.5);
     eventually("the router to answer through its token file", Duration::from_secs(20), || async {
-        let view = control.settings().await?;
+        let view = control.settings().view().await?;
         Ok((view.routers.len() == 1
             && view.routers[0].probe.error.is_none()
             && view.routers[0].probe.detected.is_some())
@@ -227,77 +231,11 @@ async fn settings_probe_at_once_persist_and_keep_tokens_in_0600_files() -> Resul
     .await?;
 
     // Removing the router removes its token: the file the app wrote is deleted with it.
-    control.remove_endpoint(RemoveEndpointArgs { kind: EndpointKind::Router, url: router.url() }).await?;
+    control
+        .settings()
+        .remove_endpoint(RemoveEndpointArgs { kind: EndpointKind::Router, url: router.url() })
+        .await?;
     assert!(!token_file.exists(), "the removed router's token file {} is still there", token_file.display());
-    assert!(control.settings().await?.routers.is_empty());
-    Ok(())
-}
-
-#[tokio::test]
-async fn the_demo_starts_from_an_empty_app_once_and_is_not_saved() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let stop = CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    let control = Control::start(ControlConfig::new(vec![], dir.path().join("history.sqlite")), stop).await?;
-    let args = fleetdeck_api::FleetSnapshotArgs { window_s: 60, synthetic: 0, skip_series: true };
-    assert!(control.fleet_snapshot(args).await?.replicas.is_empty());
-
-    let too_big = control.start_demo(StartDemoArgs { replicas: 1000 }).await.unwrap_err();
-    assert_eq!(too_big.code, "bad_request");
-    let demo = control.start_demo(StartDemoArgs { replicas: 2 }).await?;
-    assert_eq!(demo.replicas.len(), 2);
-    // A second click answers with the running demo instead of starting another.
-    assert_eq!(control.start_demo(StartDemoArgs { replicas: 3 }).await?, demo);
-
-    let snap = eventually("the demo replicas to be scraped", Duration::from_secs(30), || async {
-        let snap = control.fleet_snapshot(args).await?;
-        Ok(snap.replicas.iter().all(|r| r.engine.as_deref() == Some("vllm")).then_some(snap))
-    })
-    .await?;
-    let mut watched: Vec<String> = snap.replicas.iter().map(|r| r.url.clone()).collect();
-    watched.sort();
-    let mut started = demo.replicas.clone();
-    started.sort();
-    assert_eq!(watched, started);
-    let view = control.settings().await?;
-    assert_eq!(view.routers.len(), 1, "the demo's router feeds the router views");
-    // The demo's ports change every start, so nothing of it is kept for the next one.
-    let saved = fleetdeck_control::settings::SavedSettings::load(&dir.path().join("settings.json"))?;
-    assert_eq!(saved, Default::default());
-
-    // Its history is the demo fleet's, never the default fleet's a real fleet will later write.
-    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("history.sqlite").display()))
-        .await?;
-    let per_fleet = "SELECT f.name, COUNT(s.ts_ms) FROM samples s JOIN replicas r ON r.id = s.replica_id \
-                     JOIN fleets f ON f.id = COALESCE(r.fleet_id, 1) GROUP BY f.name ORDER BY f.name";
-    let counts: Vec<(String, i64)> =
-        eventually("demo samples in the history", Duration::from_secs(30), || {
-            let db = db.clone();
-            async move {
-                let counts: Vec<(String, i64)> = sqlx::query_as(per_fleet).fetch_all(&db).await?;
-                Ok((!counts.is_empty()).then_some(counts))
-            }
-        })
-        .await?;
-    assert_eq!(counts.iter().map(|(fleet, _)| fleet.as_str()).collect::<Vec<_>>(), ["demo"], "{counts:?}");
-    let routers: Vec<(String,)> =
-        sqlx::query_as("SELECT f.name FROM routers r JOIN fleets f ON f.id = r.fleet_id")
-            .fetch_all(&db)
-            .await?;
-    assert_eq!(routers, [("demo".to_owned(),)], "the demo's router is audited under the demo fleet");
-    Ok(())
-}
-
-#[tokio::test]
-async fn the_demo_refuses_to_join_an_app_that_watches_a_fleet() -> Result<()> {
-    let sim = spawn_sim(1, Default::default()).await?;
-    let dir = tempfile::tempdir()?;
-    let stop = CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    let config = ControlConfig::new(sim.urls().to_vec(), dir.path().join("history.sqlite"));
-    let control = Control::start(config, stop).await?;
-    let refused = control.start_demo(StartDemoArgs { replicas: 2 }).await.unwrap_err();
-    assert_eq!(refused.code, "conflict");
-    assert!(refused.message.contains("fleetdeck --demo"), "{}", refused.message);
+    assert!(control.settings().view().await?.routers.is_empty());
     Ok(())
 }

@@ -10,7 +10,7 @@ use fleet_router::RouterConfig;
 use fleet_test_support::admin_router::{spawn_admin_router, spawn_router_with};
 use fleet_test_support::{eventually, spawn_sim};
 use fleetdeck_api::{WhatIfArgs, WhatIfJobArgs, WhatIfResult};
-use fleetdeck_control::admin::AdminClient;
+use fleetdeck_control::routers::admin::AdminClient;
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use tokio_util::sync::CancellationToken;
 
@@ -38,11 +38,11 @@ async fn recorded(router: &str, at_least: usize) -> Result<()> {
 }
 
 async fn run(control: &Control, args: WhatIfArgs) -> Result<WhatIfResult> {
-    let started = control.start_whatif(args).await?;
+    let started = control.whatif().start(args).await?;
     let done = eventually("the what-if result", Duration::from_secs(60), || {
         let control = control.clone();
         async move {
-            let status = control.whatif_status(WhatIfJobArgs { job: started.job }).await?;
+            let status = control.whatif().status(WhatIfJobArgs { job: started.job }).await?;
             if status.state == "failed" {
                 bail!("what-if failed: {:?}", status.message);
             }
@@ -124,7 +124,7 @@ async fn the_baseline_is_what_each_router_runs_and_an_unreachable_router_is_repo
     assert_eq!((result.profile.name.as_str(), result.profile.kv_blocks), ("llama-3.1-8b-a100", 300));
     assert!(result.profile.overridden);
     let refused =
-        control.start_whatif(args(Some("no-such-profile"), None)).await.expect_err("unknown profile");
+        control.whatif().start(args(Some("no-such-profile"), None)).await.expect_err("unknown profile");
     assert!(refused.code == "bad_request" && refused.message.contains("llama-3.1-8b-h100"), "{refused:?}");
     Ok(())
 }

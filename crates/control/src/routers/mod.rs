@@ -1,24 +1,33 @@
 //! The fleet-routers the app reads: their admin clients, the last state each reported (the
-//! per-router cache the heat map reads), and the policy changes seen while polling them.
+//! per-router cache the heat map reads), the policy changes seen while polling them, and the views read
+//! from the routers (heat map, decisions, headroom).
 //!
 //! A poller asks every router for `/admin/state` once per [`POLL_EVERY`], all at once, each
 //! call bounded; a router that fails keeps its last good state beside the error. A URL whose admin
 //! API is missing but whose `/workers` is SGLang's SMG or vllm-router's is read as that router instead
 //! (`third_party`): its workers and own metrics, read-only.
 
+pub mod admin;
+pub mod headroom;
+pub mod heat;
+pub mod third_party;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleet_store::Store;
 use fleet_store::secrets::Secret;
-use fleetdeck_api::{PolicyMarker, RouterSource, RouterWorker};
+use fleetdeck_api::{
+    ApiError, DecisionLog, DecisionsArgs, Headroom, HeadroomArgs, HeatMap, HeatMapArgs, PolicyMarker,
+    RouterSource, RouterWorker,
+};
+use tokio_util::sync::CancellationToken;
 
-use crate::admin::{AdminClient, AdminError, RouterState};
-use crate::fleet::unix_ms_now;
-use crate::lock;
-use crate::third_party::{self, PeerKind, PeerState};
+use crate::audit::Audit;
+use crate::{lock, unix_ms_now};
+use admin::{ActivePolicy, AdminClient, AdminError, RouterState};
+use third_party::{PeerKind, PeerState};
 
 /// How often every router's state is refreshed.
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
@@ -69,30 +78,48 @@ fn maybe_third_party(error: &AdminError) -> bool {
     )
 }
 
-/// Every router the app reads. Shared by all views.
-#[derive(Debug)]
+/// Every router the app reads, shared by all views. Cheap to clone.
+#[derive(Debug, Clone)]
 pub struct Routers {
+    inner: Arc<RoutersInner>,
+}
+
+#[derive(Debug)]
+struct RoutersInner {
     http: reqwest::Client,
     entries: Mutex<Vec<Entry>>,
     markers: Mutex<Vec<PolicyMarker>>,
+    audit: Audit,
+}
+
+fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError::new("bad_request", message)
 }
 
 impl Routers {
-    pub(crate) async fn new(
-        http: reqwest::Client,
-        targets: Vec<RouterTarget>,
-        store: &Store,
-        fleet: &str,
-    ) -> Self {
-        let routers = Self { http, entries: Mutex::new(Vec::new()), markers: Mutex::new(Vec::new()) };
-        for target in targets {
-            routers.add(target, store, fleet).await;
-        }
-        routers
+    pub(crate) fn new(http: reqwest::Client, audit: Audit) -> Self {
+        let inner = RoutersInner { http, entries: Mutex::default(), markers: Mutex::default(), audit };
+        Self { inner: Arc::new(inner) }
     }
 
-    /// Adds (or replaces) a router and records it in `fleet`'s audit trail with its token file.
-    pub(crate) async fn add(&self, target: RouterTarget, store: &Store, fleet: &str) {
+    /// Refreshes every router's state once per [`POLL_EVERY`] until `cancel` fires. The poller holds only a
+    /// weak handle, so it never keeps dropped routers alive.
+    pub(crate) fn spawn_poller(&self, cancel: CancellationToken) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                Routers { inner }.poll().await;
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(POLL_EVERY) => {}
+                }
+            }
+        });
+    }
+
+    /// Adds (or replaces) a router and records it in the audit trail with its token file.
+    pub(crate) async fn add(&self, target: RouterTarget) {
         let (token, token_error) = match (&target.token, &target.token_file) {
             (Some(token), _) => (Some(token.clone()), None),
             (None, Some(path)) => match fleet_store::secrets::read_token_file(path) {
@@ -101,11 +128,9 @@ impl Routers {
             },
             (None, None) => (None, None),
         };
-        if let Err(error) = store.register_router(fleet, &target.url, target.token_file.as_deref()).await {
-            tracing::warn!(%error, url = %target.url, "could not record the router in the history");
-        }
+        self.inner.audit.register_router(&target.url, target.token_file.as_deref()).await;
         let entry = Entry {
-            client: AdminClient::new(self.http.clone(), &target.url, token),
+            client: AdminClient::new(self.inner.http.clone(), &target.url, token),
             token_file: target.token_file,
             token_error,
             state: None,
@@ -115,30 +140,36 @@ impl Routers {
             peer_kind: None,
             peer: None,
         };
-        let mut entries = lock(&self.entries);
+        let mut entries = lock(&self.inner.entries);
         entries.retain(|e| e.client.url != entry.client.url);
         entries.push(entry);
     }
 
+    /// Whether router `url` is read.
+    pub(crate) fn contains(&self, url: &str) -> bool {
+        let url = url.trim_end_matches('/');
+        lock(&self.inner.entries).iter().any(|e| e.client.url == url)
+    }
+
     /// Stops reading router `url`. `None`: it was not configured; else the token file it used.
     pub(crate) fn remove(&self, url: &str) -> Option<Option<PathBuf>> {
-        let mut entries = lock(&self.entries);
+        let mut entries = lock(&self.inner.entries);
         let index = entries.iter().position(|e| e.client.url == url.trim_end_matches('/'))?;
         Some(entries.remove(index).token_file)
     }
 
     pub(crate) fn urls(&self) -> Vec<(String, Option<PathBuf>)> {
-        lock(&self.entries).iter().map(|e| (e.client.url.clone(), e.token_file.clone())).collect()
+        lock(&self.inner.entries).iter().map(|e| (e.client.url.clone(), e.token_file.clone())).collect()
     }
 
     /// Refreshes every router's state once, concurrently.
     pub(crate) async fn poll(&self) {
         type Job = (AdminClient, Option<String>, Option<PeerKind>, Option<String>);
-        let clients: Vec<Job> = lock(&self.entries)
+        let clients: Vec<Job> = lock(&self.inner.entries)
             .iter()
             .map(|e| (e.client.clone(), e.token_error.clone(), e.peer_kind, e.metrics_url.clone()))
             .collect();
-        let http = &self.http;
+        let http = &self.inner.http;
         let results = futures_util::future::join_all(clients.iter().map(
             |(client, token_error, peer_kind, metrics_url)| async move {
                 let metrics_url = metrics_url.as_deref();
@@ -170,7 +201,7 @@ impl Routers {
         let now_ms = unix_ms_now();
         let mut new_markers = Vec::new();
         {
-            let mut entries = lock(&self.entries);
+            let mut entries = lock(&self.inner.entries);
             for ((client, ..), result) in clients.iter().zip(results) {
                 let Some(entry) = entries.iter_mut().find(|e| e.client.url == client.url) else { continue };
                 let result = match result {
@@ -205,7 +236,7 @@ impl Routers {
             }
         }
         if !new_markers.is_empty() {
-            let mut markers = lock(&self.markers);
+            let mut markers = lock(&self.inner.markers);
             markers.extend(new_markers);
             let excess = markers.len().saturating_sub(MAX_MARKERS);
             markers.drain(..excess);
@@ -214,7 +245,7 @@ impl Routers {
 
     /// Where each router stands, for the views' source lines.
     pub(crate) fn sources(&self) -> Vec<RouterSource> {
-        lock(&self.entries)
+        lock(&self.inner.entries)
             .iter()
             .map(|e| {
                 let answered = e.state.is_some() || e.peer.is_some();
@@ -255,13 +286,13 @@ impl Routers {
 
     /// The last good state of every router that has answered.
     pub(crate) fn states(&self) -> Vec<RouterState> {
-        lock(&self.entries).iter().filter_map(|e| e.state.clone()).collect()
+        lock(&self.inner.entries).iter().filter_map(|e| e.state.clone()).collect()
     }
 
     /// Each router's client with its replica names (id -> URL) from its last state.
     pub(crate) fn clients(&self) -> Vec<(AdminClient, HashMap<String, String>)> {
         // Third-party routers have no admin API: decisions, traces and pushes skip them.
-        lock(&self.entries)
+        lock(&self.inner.entries)
             .iter()
             .filter(|e| e.peer_kind.is_none())
             .map(|e| (e.client.clone(), e.state.as_ref().map(RouterState::urls_by_id).unwrap_or_default()))
@@ -270,6 +301,144 @@ impl Routers {
 
     /// Policy changes seen since `since_ms`.
     pub(crate) fn markers_since(&self, since_ms: i64) -> Vec<PolicyMarker> {
-        lock(&self.markers).iter().filter(|m| m.ts_ms >= since_ms).cloned().collect()
+        lock(&self.inner.markers).iter().filter(|m| m.ts_ms >= since_ms).cloned().collect()
+    }
+
+    /// The admin clients of every fleet-router (third-party routers have no admin API).
+    pub(crate) fn admin_clients(&self) -> Vec<AdminClient> {
+        self.clients().into_iter().map(|(client, _)| client).collect()
+    }
+
+    /// Each router's client by URL, or an error naming the routers there are.
+    pub(crate) fn clients_for(&self, urls: &[String]) -> Result<Vec<AdminClient>, ApiError> {
+        let known = self.admin_clients();
+        let mut chosen = Vec::new();
+        for url in urls {
+            let url = url.trim_end_matches('/');
+            let Some(client) = known.iter().find(|c| c.url == url) else {
+                let names: Vec<&str> = known.iter().map(|c| c.url.as_str()).collect();
+                return Err(ApiError::new(
+                    "unknown_router",
+                    format!(
+                        "{url} is not one of the app's routers ({}); add it in Settings first",
+                        if names.is_empty() { "none yet".to_owned() } else { names.join(", ") }
+                    ),
+                ));
+            };
+            if !chosen.iter().any(|c: &AdminClient| c.url == client.url) {
+                chosen.push(client.clone());
+            }
+        }
+        Ok(chosen)
+    }
+
+    /// Every router's active policy, read now and concurrently: `(url, policy or why not)`.
+    pub(crate) async fn read_policies(&self) -> Vec<(String, Result<ActivePolicy, String>)> {
+        let clients = self.admin_clients();
+        let results = futures_util::future::join_all(clients.iter().map(AdminClient::policy)).await;
+        clients.into_iter().map(|c| c.url).zip(results).collect()
+    }
+
+    /// The replica URLs the routers route to, sorted and without repeats.
+    pub(crate) fn replica_urls(&self) -> Vec<String> {
+        let mut urls: Vec<String> =
+            self.states().iter().flat_map(|s| s.replicas.iter().map(|r| r.url.clone())).collect();
+        urls.sort();
+        urls.dedup();
+        urls
+    }
+
+    /// Replicas x prefix groups from every router's last state, with hotspots.
+    pub async fn heat_map(&self, args: HeatMapArgs) -> Result<HeatMap, ApiError> {
+        if !(args.hotspot_share > 0.0 && args.hotspot_share <= 1.0) {
+            return Err(bad_request(format!(
+                "hotspot_share is {}; give a share of traffic between 0 (exclusive) and 1, e.g. 0.3",
+                args.hotspot_share
+            )));
+        }
+        Ok(heat::build(&self.states(), self.sources(), args.hotspot_share, unix_ms_now()))
+    }
+
+    /// The newest decisions of every router, newest first.
+    pub async fn decisions(&self, args: DecisionsArgs) -> Result<DecisionLog, ApiError> {
+        if !(1..=500).contains(&args.limit) {
+            return Err(bad_request(format!("limit is {}; ask for 1 to 500 decisions", args.limit)));
+        }
+        let clients = self.clients();
+        let results = futures_util::future::join_all(
+            clients.iter().map(|(client, urls)| async move { client.decisions(args.limit, urls).await }),
+        )
+        .await;
+        let mut sources = self.sources();
+        let mut decisions = Vec::new();
+        for ((client, _), result) in clients.iter().zip(results) {
+            match result {
+                Ok(mut list) => decisions.append(&mut list),
+                Err(error) => {
+                    if let Some(source) = sources.iter_mut().find(|s| s.url == client.url) {
+                        source.error = Some(error.to_string());
+                    }
+                }
+            }
+        }
+        decisions.sort_by_key(|d| std::cmp::Reverse(d.ts_ms));
+        decisions.truncate(args.limit as usize);
+        Ok(DecisionLog { now_ms: unix_ms_now(), routers: sources, decisions })
+    }
+
+    /// Achieved vs achievable hit rate per model over the routers' recorded traffic.
+    pub async fn headroom(&self, args: HeadroomArgs) -> Result<Headroom, ApiError> {
+        if !(10..=86_400).contains(&args.window_s) {
+            return Err(bad_request(format!("window_s is {}; pick 10 to 86400 seconds", args.window_s)));
+        }
+        let now_ms = unix_ms_now();
+        let since = now_ms - i64::from(args.window_s) * 1000;
+        let clients = self.admin_clients();
+        let results =
+            futures_util::future::join_all(clients.iter().map(|client| client.trace_since(since))).await;
+        let mut sources = self.sources();
+        let mut records = Vec::new();
+        for (client, result) in clients.iter().zip(results) {
+            match result {
+                Ok(mut list) => records.append(&mut list),
+                Err(error) => {
+                    if let Some(source) = sources.iter_mut().find(|s| s.url == client.url) {
+                        source.error = Some(error.to_string());
+                    }
+                }
+            }
+        }
+        // Replicas per model, as the routers know them, size the what-if fleet.
+        let mut replicas: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+        for state in self.states() {
+            for r in &state.replicas {
+                *replicas
+                    .entry(r.model.clone().unwrap_or_else(|| headroom::UNKNOWN_MODEL.to_owned()))
+                    .or_default() += 1;
+            }
+        }
+        let fallback = replicas.values().copied().max().unwrap_or(1);
+        // Replays are CPU work over possibly many records: keep them off the async workers.
+        let (models, mut notes) = tokio::task::spawn_blocking(move || {
+            headroom::with_what_if(records, |model| replicas.get(model).copied().unwrap_or(fallback))
+        })
+        .await
+        .map_err(|e| ApiError::new("internal", format!("the headroom computation failed: {e}")))?;
+        notes.insert(
+            0,
+            "Pooled bound: one shared cache that never evicts, over the same requests; no routing policy can beat it."
+                .to_owned(),
+        );
+        notes.insert(
+            1,
+            format!(
+                "Best policy: fleet-sim's replay of the same requests under {} (default parameters), the highest hit rate.",
+                headroom::WHAT_IF_POLICIES.join(", ")
+            ),
+        );
+        if models.iter().any(|m| m.achieved.is_none()) {
+            notes.push("Achieved is unknown where the routers recorded no cached-token counts.".to_owned());
+        }
+        Ok(Headroom { now_ms, window_s: args.window_s, routers: sources, models, notes })
     }
 }

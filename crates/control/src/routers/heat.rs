@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use fleetdeck_api::{HeatCell, HeatGroup, HeatMap, Hotspot, RouterSource};
 
-use crate::admin::RouterState;
+use crate::routers::admin::RouterState;
 
 /// Rows the map shows at most (the routers report their top 20 each).
 pub const MAX_GROUPS: usize = 20;
@@ -106,7 +106,7 @@ pub fn build(states: &[RouterState], routers: Vec<RouterSource>, hotspot_share: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admin::parse_state;
+    use crate::routers::admin::parse_state;
 
     fn state(groups: &str) -> RouterState {
         parse_state(

@@ -20,11 +20,15 @@ use fleetdeck_api::{
     WhatIfRouter, WhatIfStatus,
 };
 
-use crate::admin::{AdminClient, MAX_WINDOW_RECORDS, TraceWindow};
-use crate::engine_profile::ChosenProfile;
-use crate::fleet::{Control, unix_ms_now};
-use crate::lock;
-use crate::rollout::ActivePolicy;
+use crate::fleet::Fleet;
+use crate::rollout::Rollout;
+use crate::routers::Routers;
+use crate::routers::admin::{ActivePolicy, MAX_WINDOW_RECORDS, TraceWindow};
+use crate::{lock, unix_ms_now};
+use engine_profile::ChosenProfile;
+
+pub mod engine_profile;
+pub mod fidelity;
 
 /// Largest trace file read for a what-if (a 10-minute window of a busy fleet is a few MB).
 pub const MAX_TRACE_FILE: u64 = 256 << 20;
@@ -42,9 +46,28 @@ struct Job {
     status: Arc<Mutex<WhatIfStatus>>,
 }
 
-/// The app's what-if jobs (the latest one).
-#[derive(Debug, Default)]
-pub(crate) struct WhatIfJobs {
+/// What the what-if reads from.
+#[derive(Debug)]
+pub(crate) struct WhatIfParts {
+    pub routers: Routers,
+    pub fleet: Fleet,
+    pub rollout: Rollout,
+    /// The only folder trace files are read from (`--trace-dir`).
+    pub trace_dir: Option<PathBuf>,
+}
+
+/// The app's what-if replays: at most one job at a time (the latest). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WhatIf {
+    inner: Arc<WhatIfInner>,
+}
+
+#[derive(Debug)]
+struct WhatIfInner {
+    routers: Routers,
+    fleet: Fleet,
+    rollout: Rollout,
+    trace_dir: Option<PathBuf>,
     next: AtomicU64,
     current: Mutex<Option<Job>>,
 }
@@ -301,15 +324,28 @@ fn span_text(ms: i64) -> String {
     if s >= 120 { format!("{} min {} s", s / 60, s % 60) } else { format!("{s} s") }
 }
 
-impl Control {
+impl WhatIf {
+    pub(crate) fn new(parts: WhatIfParts) -> Self {
+        let WhatIfParts { routers, fleet, rollout, trace_dir } = parts;
+        let inner = WhatIfInner {
+            routers,
+            fleet,
+            rollout,
+            trace_dir,
+            next: AtomicU64::new(0),
+            current: Mutex::default(),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
     /// Starts a what-if replay of the candidate against the routers' running policy; cancels the previous one.
     ///
     /// The baseline is what the routers run (read from each), not what the app meant them to run; every
     /// page of each router's window is read (up to [`MAX_WINDOW_RECORDS`] per router, the rest counted);
     /// a router that cannot be read is reported and the others replayed; the engine profile comes from the
     /// replicas' metrics unless the operator picks one.
-    pub async fn start_whatif(&self, args: WhatIfArgs) -> Result<WhatIfStatus, ApiError> {
-        let candidate = crate::policy_edit::spec_or_api_error(&args.text)?;
+    pub async fn start(&self, args: WhatIfArgs) -> Result<WhatIfStatus, ApiError> {
+        let candidate = crate::rollout::editor::spec_or_api_error(&args.text)?;
         if !(10..=86_400).contains(&args.window_s) {
             return Err(ApiError::new(
                 "bad_request",
@@ -322,9 +358,9 @@ impl Control {
             None => None,
         };
         let since = unix_ms_now() - i64::from(args.window_s) * 1000;
-        let clients: Vec<AdminClient> = self.inner.routers.clients().into_iter().map(|(c, _)| c).collect();
+        let clients = self.inner.routers.admin_clients();
         let reads: Vec<RouterRead> = futures_util::future::join_all(clients.iter().map(|client| async {
-            let policy = crate::rollout::read_policy(client);
+            let policy = client.policy();
             let window = async {
                 if trace_file.is_some() {
                     return Ok(TraceWindow::default());
@@ -335,7 +371,7 @@ impl Control {
             RouterRead { url: client.url.clone(), policy, window }
         }))
         .await;
-        let intended = self.intended_spec().await;
+        let intended = self.inner.rollout.intended_spec().await;
         let (baseline, routers, mut notes) = baseline_of(&reads, intended.as_ref());
         let active = match (baseline, &intended) {
             (Some((_, spec)), _) => spec,
@@ -422,19 +458,15 @@ impl Control {
             ),
         };
         let replica_urls: Vec<String> = {
-            let mut urls: Vec<String> = self
-                .inner
-                .routers
-                .states()
-                .iter()
-                .flat_map(|s| s.replicas.iter().map(|r| r.url.clone()))
-                .collect();
+            let urls = self.inner.routers.replica_urls();
             if urls.is_empty() {
-                urls = self.rows().into_iter().map(|r| r.url).collect();
+                let mut urls: Vec<String> = self.inner.fleet.rows().into_iter().map(|r| r.url).collect();
+                urls.sort();
+                urls.dedup();
+                urls
+            } else {
+                urls
             }
-            urls.sort();
-            urls.dedup();
-            urls
         };
         let replicas = args.replicas.unwrap_or((replica_urls.len() as u32).max(1));
         if !(1..=MAX_WHATIF_REPLICAS).contains(&replicas) {
@@ -446,18 +478,23 @@ impl Control {
         let facts = if args.profile.is_some() && args.kv_blocks.is_some() {
             Vec::new()
         } else {
-            crate::engine_profile::read_fleet_facts(&self.inner.http, &replica_urls, self.inner.limits).await
+            engine_profile::read_fleet_facts(
+                self.inner.fleet.http(),
+                &replica_urls,
+                self.inner.fleet.limits(),
+            )
+            .await
         };
-        let chosen = crate::engine_profile::choose(&facts, args.profile.as_deref(), args.kv_blocks)?;
+        let chosen = engine_profile::choose(&facts, args.profile.as_deref(), args.kv_blocks)?;
         let (prepared, config) = prepare_for(&trace, &chosen)?;
         let profile_shown = WhatIfProfile {
             kv_blocks: config.capacity_blocks.unwrap_or(chosen.kv_blocks),
             block_tokens: prepared.block_tokens,
             ..chosen.shown.clone()
         };
-        let fidelity = crate::fidelity::lookup(&active.policy, &candidate.policy);
+        let fidelity = fidelity::lookup(&active.policy, &candidate.policy);
 
-        let jobs = &self.inner.rollout.whatif;
+        let jobs = &*self.inner;
         let id = jobs.next.fetch_add(1, Ordering::Relaxed) + 1;
         let status = Arc::new(Mutex::new(WhatIfStatus {
             job: id,
@@ -523,8 +560,8 @@ impl Control {
     }
 
     /// Progress or result of job `args.job`.
-    pub async fn whatif_status(&self, args: WhatIfJobArgs) -> Result<WhatIfStatus, ApiError> {
-        let current = lock(&self.inner.rollout.whatif.current);
+    pub async fn status(&self, args: WhatIfJobArgs) -> Result<WhatIfStatus, ApiError> {
+        let current = lock(&self.inner.current);
         let Some(job) = current.as_ref().filter(|j| j.id == args.job) else {
             return Err(ApiError::new(
                 "not_found",
@@ -540,14 +577,14 @@ impl Control {
     }
 
     /// Cancels job `args.job` (a no-op when it already ended).
-    pub async fn cancel_whatif(&self, args: WhatIfJobArgs) -> Result<WhatIfStatus, ApiError> {
+    pub async fn cancel(&self, args: WhatIfJobArgs) -> Result<WhatIfStatus, ApiError> {
         {
-            let current = lock(&self.inner.rollout.whatif.current);
+            let current = lock(&self.inner.current);
             if let Some(job) = current.as_ref().filter(|j| j.id == args.job) {
                 job.cancel.store(true, Ordering::Relaxed);
             }
         }
-        self.whatif_status(args).await
+        self.status(args).await
     }
 }
 

@@ -1,6 +1,5 @@
-//! The endpoints an operator added in the app, kept across restarts in a small JSON file next
-//! to the history database. Router tokens never enter it (nor SQLite): each lives in its own
-//! 0600 file in the token folder, and only that file's path is written here.
+//! The settings file: the endpoints an operator added in the app, kept across restarts in a small JSON file
+//! next to the history database (written atomically), and the checks of what an operator types.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -32,6 +31,19 @@ pub struct SavedRouter {
 }
 
 impl SavedSettings {
+    /// The saved routers as targets to read (their tokens in the files named).
+    pub(crate) fn router_targets(&self) -> Vec<crate::RouterTarget> {
+        self.routers
+            .iter()
+            .map(|r| crate::RouterTarget {
+                url: r.url.clone(),
+                token: None,
+                token_file: r.token_file.clone(),
+                metrics_url: None,
+            })
+            .collect()
+    }
+
     /// Reads `path`; a missing file is the empty default, a corrupt one an error naming it.
     pub fn load(path: &Path) -> Result<Self> {
         match std::fs::read_to_string(path) {

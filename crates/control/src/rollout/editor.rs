@@ -2,16 +2,12 @@
 //! validation as the operator types (fleet-policy's own errors, with the field they name), and
 //! the effective diff against what each router runs.
 //!
-//! Everything here but [`Control::policy_editor`] and [`Control::check_spec`] is pure.
+//! Pure: [`super::Rollout::policy_editor`] and [`super::Rollout::check_spec`] gather the routers' specs
+//! and call these.
 
 use fleet_policy::{POLICY_NAMES, ParamKind, PolicySpec, SpecError, param_docs, policy_summary};
-use fleet_rollout::{SpecDiff, effective_params, spec_diff};
-use fleetdeck_api::{
-    ApiError, CheckSpecArgs, ParamDelta, ParamInfo, PolicyEditor, PolicyInfo, RouterDiff, RouterPolicy,
-    SpecCheck, SpecProblem,
-};
-
-use crate::fleet::Control;
+use fleet_rollout::{SpecDiff, effective_params};
+use fleetdeck_api::{ApiError, ParamDelta, ParamInfo, PolicyInfo, RouterDiff, SpecCheck, SpecProblem};
 
 /// Longest spec text accepted: a spec is a few hundred bytes; more is a pasted mistake.
 pub const MAX_SPEC_TEXT: usize = 64 * 1024;
@@ -139,67 +135,10 @@ pub fn check_text(text: &str) -> SpecCheck {
     }
 }
 
-impl Control {
-    /// The policies, their parameter docs, and what every router runs with its drift badge.
-    pub async fn policy_editor(&self) -> Result<PolicyEditor, ApiError> {
-        let intended = self.intended_spec().await;
-        let active = self.read_router_policies().await;
-        let routers = active
-            .into_iter()
-            .map(|(url, result)| match result {
-                Ok(policy) => RouterPolicy {
-                    drift: crate::rollout::drift_badge(intended.as_ref().map(|(_, s)| s), Some(&policy)),
-                    url,
-                    version: Some(policy.version),
-                    policy: Some(policy.spec.policy.clone()),
-                    spec_json: Some(policy.spec.to_json()),
-                    error: None,
-                },
-                Err(error) => RouterPolicy {
-                    drift: crate::rollout::drift_badge(intended.as_ref().map(|(_, s)| s), None),
-                    url,
-                    version: None,
-                    policy: None,
-                    spec_json: None,
-                    error: Some(error),
-                },
-            })
-            .collect();
-        Ok(PolicyEditor {
-            policies: policy_infos(),
-            routers,
-            intended_json: intended.map(|(_, spec)| spec.to_json()),
-            etcd_key: self.inner.etcd_policy.as_ref().map(|store| store.main_key().to_owned()),
-        })
-    }
-
-    /// Validates `args.text` and, when valid, diffs it against every router's active spec.
-    pub async fn check_spec(&self, args: CheckSpecArgs) -> Result<SpecCheck, ApiError> {
-        let mut check = check_text(&args.text);
-        let Ok(candidate) = parse_spec(&args.text) else { return Ok(check) };
-        check.diffs = self
-            .read_router_policies()
-            .await
-            .into_iter()
-            .map(|(url, result)| match result {
-                Ok(active) => router_diff(&url, active.version, &spec_diff(&active.spec, &candidate)),
-                Err(error) => RouterDiff {
-                    url,
-                    version: None,
-                    policy_change: None,
-                    params: Vec::new(),
-                    unchanged: false,
-                    error: Some(error),
-                },
-            })
-            .collect();
-        Ok(check)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleet_rollout::spec_diff;
 
     #[test]
     fn every_policy_is_offered_with_typed_controls() {

@@ -3,12 +3,13 @@
 //! back to the key's previous valid value the same way, and the drift of every router against its key.
 //!
 //! One write reaches every router of the key, however many there are; per-router HTTP pushes
-//! (`rollout.rs`) stay for small fleets. Canary groups watch keys of their own beside the fleet's main key
+//! (`rollout/mod.rs`) stay for small fleets. Canary groups watch keys of their own beside the fleet's main key
 //! (same folder, e.g. `/fleetdeck/FLEET/canary`), which the same commands write with `key`. Every write is
 //! recorded in the audit trail like an HTTP push, with `etcd:KEY` as its router. The etcd password and token
 //! stay in memory (fleet-etcd keeps them out of `Debug`), never in SQLite or logs.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_etcd::{EtcdClient, EtcdConfig, EtcdError, KeyValue};
@@ -19,9 +20,12 @@ use fleetdeck_api::{
     LaggingRouter,
 };
 
-use crate::admin::AdminClient;
-use crate::fleet::{Control, unix_ms_now};
+use crate::audit::Audit;
+use crate::rollout::intended::Intended;
 use crate::rollout::operator_name;
+use crate::routers::Routers;
+use crate::routers::admin::AdminClient;
+use crate::unix_ms_now;
 
 /// Earlier values of a key looked at for a valid one to roll back to.
 const MAX_ROLLBACK_STEPS: usize = 20;
@@ -35,14 +39,14 @@ pub struct EtcdPolicyConfig {
     pub key: String,
 }
 
-/// The app's handle on the store.
+/// The etcd client and the fleet's main key.
 #[derive(Debug)]
-pub(crate) struct EtcdKeys {
+pub(crate) struct EtcdKey {
     client: EtcdClient,
     key: String,
 }
 
-impl EtcdKeys {
+impl EtcdKey {
     pub(crate) fn new(config: &EtcdPolicyConfig) -> anyhow::Result<Self> {
         anyhow::ensure!(
             !config.key.trim().is_empty(),
@@ -102,7 +106,7 @@ fn conflict(key: &str, reviewed: i64, current: i64) -> ApiError {
 }
 
 /// What a router's `/admin/state` says about its store.
-fn report_of(state: Result<crate::admin::RouterState, String>) -> EtcdReport {
+fn report_of(state: Result<crate::routers::admin::RouterState, String>) -> EtcdReport {
     match state {
         Err(error) => EtcdReport::Unreadable(error),
         Ok(state) => match state.etcd_policy {
@@ -125,7 +129,7 @@ fn report_of(state: Result<crate::admin::RouterState, String>) -> EtcdReport {
 }
 
 /// The newest value before `current` that routers would accept (invalid ones are skipped).
-async fn previous_valid(store: &EtcdKeys, key: &str, current: &KeyValue) -> Result<PolicySpec, ApiError> {
+async fn previous_valid(store: &EtcdKey, key: &str, current: &KeyValue) -> Result<PolicySpec, ApiError> {
     let mut at = current.clone();
     for _ in 0..MAX_ROLLBACK_STEPS {
         // A key's first value (its creation) has nothing before it.
@@ -154,7 +158,7 @@ async fn previous_valid(store: &EtcdKeys, key: &str, current: &KeyValue) -> Resu
 }
 
 /// Writes `spec` (canonical JSON) to `key` if the key is still at `if_revision`; the new revision.
-async fn put_spec(store: &EtcdKeys, key: &str, spec: &PolicySpec, if_revision: i64) -> Result<i64, ApiError> {
+async fn put_spec(store: &EtcdKey, key: &str, spec: &PolicySpec, if_revision: i64) -> Result<i64, ApiError> {
     let outcome =
         store.client.put_if(key, spec.to_json().as_bytes(), if_revision).await.map_err(store_error)?;
     if outcome.succeeded {
@@ -176,19 +180,43 @@ pub(crate) enum KeyChange<'a> {
 /// How long a canary step waits for the routers of a key to report its new revision.
 const APPLY_WAIT: Duration = Duration::from_secs(10);
 
-impl Control {
-    fn etcd_policy(&self) -> Result<&EtcdKeys, ApiError> {
-        self.inner.etcd_policy.as_ref().ok_or_else(|| {
+/// The fleet's policy keys in etcd, when its routers watch one: the commands that read and write them, and
+/// the canary's steps on routers that take their policy from a key. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EtcdKeys {
+    inner: Arc<EtcdKeysInner>,
+}
+
+#[derive(Debug)]
+struct EtcdKeysInner {
+    key: Option<EtcdKey>,
+    routers: Routers,
+    audit: Audit,
+    intended: Intended,
+}
+
+impl EtcdKeys {
+    pub(crate) fn new(key: Option<EtcdKey>, routers: Routers, audit: Audit, intended: Intended) -> Self {
+        Self { inner: Arc::new(EtcdKeysInner { key, routers, audit, intended }) }
+    }
+
+    /// The fleet's main key, when there is one.
+    pub(crate) fn main_key(&self) -> Option<&str> {
+        self.inner.key.as_ref().map(EtcdKey::main_key)
+    }
+
+    fn etcd_key(&self) -> Result<&EtcdKey, ApiError> {
+        self.inner.key.as_ref().ok_or_else(|| {
             ApiError::new(
-                "no_policy_store",
+                "no_etcd_key",
                 "this fleet's policy is not in etcd; start fleetdeck with --policy-etcd URL --policy-key KEY (or push to the routers over HTTP)",
             )
         })
     }
 
     /// Where the policy lives, for the settings view (endpoints and key; never the credentials).
-    pub(crate) fn etcd_setting(&self) -> Option<fleetdeck_api::EtcdSetting> {
-        let store = self.inner.etcd_policy.as_ref()?;
+    pub(crate) fn setting(&self) -> Option<fleetdeck_api::EtcdSetting> {
+        let store = self.inner.key.as_ref()?;
         Some(fleetdeck_api::EtcdSetting {
             endpoints: store.client.config().endpoints.clone(),
             key: store.key.clone(),
@@ -196,8 +224,8 @@ impl Control {
     }
 
     /// The policy key as etcd holds it.
-    pub async fn etcd_policy(&self, args: EtcdKeyArgs) -> Result<EtcdPolicy, ApiError> {
-        let store = self.etcd_policy()?;
+    pub async fn policy(&self, args: EtcdKeyArgs) -> Result<EtcdPolicy, ApiError> {
+        let store = self.etcd_key()?;
         let key = store.key(args.key.as_deref())?;
         let range = store.client.get(&key).await.map_err(store_error)?;
         Ok(match range.kv {
@@ -213,19 +241,19 @@ impl Control {
 
     /// Writes a spec to the key in one txn that holds only if the key is still at `if_revision`. An invalid
     /// spec is refused before etcd is called.
-    pub async fn push_etcd_policy(&self, args: EtcdPushArgs) -> Result<EtcdPushReport, ApiError> {
-        let spec = crate::policy_edit::spec_or_api_error(&args.text)?;
-        let store = self.etcd_policy()?;
+    pub async fn push(&self, args: EtcdPushArgs) -> Result<EtcdPushReport, ApiError> {
+        let spec = super::editor::spec_or_api_error(&args.text)?;
+        let store = self.etcd_key()?;
         let key = store.key(args.key.as_deref())?;
         let author = operator_name(args.operator.as_deref());
         let hint = format!("etcd-{}", spec.policy);
-        self.write_store(store, &key, &spec, args.if_revision, &author, &hint).await
+        self.write_key(store, &key, &spec, args.if_revision, &author, &hint).await
     }
 
     /// Puts back the key's previous valid value (skipping values routers would refuse), in one txn guarded
     /// by `if_revision`.
-    pub async fn rollback_etcd_policy(&self, args: EtcdRollbackArgs) -> Result<EtcdPushReport, ApiError> {
-        let store = self.etcd_policy()?;
+    pub async fn rollback(&self, args: EtcdRollbackArgs) -> Result<EtcdPushReport, ApiError> {
+        let store = self.etcd_key()?;
         let key = store.key(args.key.as_deref())?;
         let author = operator_name(args.operator.as_deref());
         let range = store.client.get(&key).await.map_err(store_error)?;
@@ -240,13 +268,13 @@ impl Control {
         }
         let spec = previous_valid(store, &key, &current).await?;
         let hint = format!("rollback-{}", spec.policy);
-        self.write_store(store, &key, &spec, current.mod_revision, &author, &hint).await
+        self.write_key(store, &key, &spec, current.mod_revision, &author, &hint).await
     }
 
     /// The guarded write, recorded in the audit trail (the version first, then its outcome).
-    async fn write_store(
+    async fn write_key(
         &self,
-        store: &EtcdKeys,
+        store: &EtcdKey,
         key: &str,
         spec: &PolicySpec,
         if_revision: i64,
@@ -254,7 +282,7 @@ impl Control {
         hint: &str,
     ) -> Result<EtcdPushReport, ApiError> {
         let routers: Vec<String> = self.inner.routers.urls().into_iter().map(|(url, _)| url).collect();
-        let label = self.record_version(spec, author, &routers, hint).await?;
+        let label = self.inner.audit.record_version(spec, author, &routers, hint).await?;
         let target = format!("etcd:{key}");
         let (record, result) = match put_spec(store, key, spec, if_revision).await {
             Ok(revision) => (
@@ -270,11 +298,9 @@ impl Control {
             ),
             Err(error) => (fleet_store::PushOutcome::Failed { error: error.message.clone() }, Err(error)),
         };
-        if let Err(error) = self.inner.store.record_push(&label, &target, unix_ms_now(), &record).await {
-            tracing::error!(%error, label, key, "could not record a store push in the audit trail");
-        }
+        self.inner.audit.record_push(&label, &target, &record).await;
         if result.is_ok() && key == store.key {
-            self.set_intended(&label, spec.clone());
+            self.inner.intended.set(&label, spec.clone());
         }
         result
     }
@@ -285,7 +311,7 @@ impl Control {
         &self,
         clients: Vec<AdminClient>,
     ) -> (BTreeMap<String, Vec<AdminClient>>, Vec<AdminClient>) {
-        if self.inner.etcd_policy.is_none() {
+        if self.inner.key.is_none() {
             return (BTreeMap::new(), clients);
         }
         let states = futures_util::future::join_all(clients.iter().map(AdminClient::state)).await;
@@ -312,7 +338,7 @@ impl Control {
         let mut restored = None;
         for (key, clients) in by_key {
             let written = async {
-                let store = self.etcd_policy()?;
+                let store = self.etcd_key()?;
                 store.key(Some(key))?;
                 let current = store.client.get(key).await.map_err(store_error)?.kv;
                 let if_revision = current.as_ref().map_or(0, |kv| kv.mod_revision);
@@ -355,9 +381,9 @@ impl Control {
 
     /// Every router against the key it watches, read now (not from the once-a-second cache, so a push's
     /// effect shows as soon as the routers report it).
-    pub async fn etcd_drift(&self) -> Result<EtcdDrift, ApiError> {
-        let store = self.etcd_policy()?;
-        let clients: Vec<AdminClient> = self.inner.routers.clients().into_iter().map(|(c, _)| c).collect();
+    pub async fn drift(&self) -> Result<EtcdDrift, ApiError> {
+        let store = self.etcd_key()?;
+        let clients = self.inner.routers.admin_clients();
         let states = futures_util::future::join_all(clients.iter().map(AdminClient::state)).await;
         let reports: Vec<(String, EtcdReport)> = clients
             .iter()
@@ -433,7 +459,7 @@ mod tests {
 
     #[test]
     fn group_keys_live_beside_the_main_key() {
-        let store = EtcdKeys::new(&EtcdPolicyConfig {
+        let store = EtcdKey::new(&EtcdPolicyConfig {
             etcd: EtcdConfig::new("http://127.0.0.1:2379"),
             key: "/fleetdeck/prod/policy".into(),
         })

@@ -1,5 +1,6 @@
-//! The fleet-router admin API as the app reads it: wire shapes (lenient serde mirrors of the
-//! router's JSON), their translation into the UI's types, and one bounded HTTP client.
+//! The fleet-router admin API as the app reads and drives it: wire shapes (lenient serde mirrors of the
+//! router's JSON), their translation into the UI's types, and one bounded HTTP client for all of it:
+//! state, decisions, recorded traffic, and the policy (read, conditioned put, rollback).
 //!
 //! Parsing is pure and tested here on JSON text; [`AdminClient`] only does the I/O, with a
 //! deadline and a body size cap on every call, and a bearer token that is never logged.
@@ -7,6 +8,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use fleet_policy::PolicySpec;
+use fleet_rollout::PushOutcome;
 use fleet_store::secrets::Secret;
 use fleetdeck_api::{Candidate, DecisionEntry};
 use futures_util::StreamExt;
@@ -311,6 +314,79 @@ pub fn parse_trace(body: &[u8]) -> Result<Vec<fleet_trace::TraceRecord>, String>
     Ok(records)
 }
 
+/// Largest policy answer accepted: a spec is a few hundred bytes.
+pub const MAX_POLICY_BODY: usize = 1 << 20;
+
+/// A router's active policy (`GET /admin/policy`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActivePolicy {
+    pub version: u64,
+    pub spec: PolicySpec,
+}
+
+#[derive(Deserialize)]
+struct WirePolicy {
+    version: u64,
+    spec: Value,
+}
+
+/// Parses `GET /admin/policy` (and the 200 answers of PUT and rollback).
+pub fn parse_policy(body: &[u8]) -> Result<ActivePolicy, String> {
+    let wire: WirePolicy = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let spec: PolicySpec = serde_json::from_value(wire.spec).map_err(|e| format!("spec: {e}"))?;
+    Ok(ActivePolicy { version: wire.version, spec })
+}
+
+/// A router's answer to a policy change: the outcome, and on a 409 `version_conflict` the version it runs
+/// instead.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyChange {
+    pub outcome: PushOutcome,
+    pub current_version: Option<u64>,
+}
+
+/// The router's error body `{code, message}` as a refusal; never the raw body, which could be anything at
+/// that URL.
+fn refusal(status: u16, body: &[u8]) -> PushOutcome {
+    let error: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let code = error["code"].as_str().map(str::to_owned).unwrap_or_else(|| match status {
+        401 => "unauthorized".to_owned(),
+        409 => "version_conflict".to_owned(),
+        _ => format!("http_{status}"),
+    });
+    let mut message = error["message"].as_str().map_or_else(
+        || format!("the answer (HTTP {status}) is not fleet-router's JSON error"),
+        str::to_owned,
+    );
+    if let Some(current) = error["current_version"].as_u64() {
+        message.push_str(&format!(" (the router is at version {current})"));
+    }
+    PushOutcome::Refused { status, code, message }
+}
+
+/// An answer to a policy change (status and body, or why there was none) as a push outcome.
+pub fn change_of(answer: Result<(u16, Vec<u8>), String>) -> PolicyChange {
+    let current_version = match &answer {
+        Ok((409, body)) => {
+            serde_json::from_slice::<Value>(body).ok().and_then(|e| e["current_version"].as_u64())
+        }
+        _ => None,
+    };
+    let outcome = match answer {
+        Err(error) => PushOutcome::Unreachable { error },
+        Ok((200..=299, body)) => match parse_policy(&body) {
+            Ok(policy) => PushOutcome::Applied { version: policy.version },
+            Err(detail) => PushOutcome::Unreachable {
+                error: format!(
+                    "the router answered success in a shape this app does not understand: {detail}"
+                ),
+            },
+        },
+        Ok((status, body)) => refusal(status, &body),
+    };
+    PolicyChange { outcome, current_version }
+}
+
 /// One router's admin API.
 /// The token is a [`Secret`]: it never reaches a log line or a debug dump.
 #[derive(Clone, Debug)]
@@ -397,6 +473,45 @@ impl AdminClient {
     /// Every record the router holds that arrived at or after `since_ms` (at most [`MAX_WINDOW_RECORDS`]).
     pub async fn trace_since(&self, since_ms: i64) -> Result<Vec<fleet_trace::TraceRecord>, AdminError> {
         Ok(self.trace_window(since_ms, MAX_WINDOW_RECORDS).await?.records)
+    }
+
+    /// `GET /admin/policy`: the policy the router runs.
+    pub async fn policy(&self) -> Result<ActivePolicy, String> {
+        match self.policy_call(reqwest::Method::GET, "/admin/policy", None, None).await? {
+            (200..=299, body) => {
+                parse_policy(&body).map_err(|d| format!("cannot read the router's policy: {d}"))
+            }
+            (status, body) => Err(match refusal(status, &body) {
+                PushOutcome::Refused { code, message, .. } => format!("HTTP {status} {code}: {message}"),
+                other => format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// `PUT /admin/policy` with `If-Match: "if_version"`. The spec must be valid: callers validate first,
+    /// so an invalid spec never reaches a router.
+    pub async fn put_policy(&self, spec: &PolicySpec, if_version: u64) -> PolicyChange {
+        let body = serde_json::to_string(spec).unwrap_or_default();
+        change_of(self.policy_call(reqwest::Method::PUT, "/admin/policy", Some(body), Some(if_version)).await)
+    }
+
+    /// `POST /admin/policy/rollback`, with `If-Match` when `if_version` is given: undoing the canary's
+    /// version must not undo what someone put in force after it.
+    pub async fn rollback_policy(&self, if_version: Option<u64>) -> PolicyChange {
+        change_of(self.policy_call(reqwest::Method::POST, "/admin/policy/rollback", None, if_version).await)
+    }
+
+    /// One policy call (bounded in time and size by [`Self::call`]): status and body, or why there was none.
+    async fn policy_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        json: Option<String>,
+        if_match: Option<u64>,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let request = AdminRequest { json, if_match };
+        let answer = self.call(method, path, request, MAX_POLICY_BODY).await.map_err(|e| e.to_string())?;
+        Ok((answer.status, answer.body))
     }
 
     fn bad_body(&self, path: &str, detail: String) -> AdminError {
@@ -582,5 +697,28 @@ mod tests {
         let err = client.state().await.unwrap_err();
         assert!(matches!(err, AdminError::NoToken { .. }));
         assert!(err.to_string().contains("Settings"));
+    }
+
+    #[test]
+    fn router_answers_become_distinct_outcomes() {
+        let applied = change_of(Ok((200, br#"{"version": 4, "spec": {"policy": "random"}}"#.to_vec())));
+        assert_eq!(
+            applied,
+            PolicyChange { outcome: PushOutcome::Applied { version: 4 }, current_version: None }
+        );
+        let stale = change_of(Ok((
+            409,
+            br#"{"code": "version_conflict", "message": "stale", "current_version": 5}"#.to_vec(),
+        )));
+        assert!(stale.outcome.is_stale());
+        assert_eq!(stale.current_version, Some(5));
+        let PushOutcome::Refused { message, .. } = &stale.outcome else { panic!() };
+        assert!(message.contains("version 5"), "{message}");
+        let unauthorized = change_of(Ok((401, b"nope".to_vec()))).outcome;
+        assert!(
+            matches!(unauthorized, PushOutcome::Refused { status: 401, ref code, .. } if code == "unauthorized")
+        );
+        assert!(matches!(change_of(Err("refused".into())).outcome, PushOutcome::Unreachable { .. }));
+        assert!(matches!(change_of(Ok((200, b"{}".to_vec()))).outcome, PushOutcome::Unreachable { .. }));
     }
 }

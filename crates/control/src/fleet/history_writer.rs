@@ -78,6 +78,12 @@ impl HistoryQueue {
         self.ready.notify_one();
     }
 
+    /// Counts a round that never reached the queue (a source's readings the batcher had no room for) as
+    /// shed: it is lost for the same reason, a writer that fell behind.
+    pub fn count_dropped_source_round(&self) {
+        lock(&self.state).shed_rounds += 1;
+    }
+
     /// The counters as the fleet view shows them.
     pub fn health(&self) -> HistoryHealth {
         let state = lock(&self.state);

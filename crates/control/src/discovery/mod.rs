@@ -13,16 +13,19 @@
 //! (Prometheus servers are a source of their own, `sources.rs`. Kubernetes EndpointSlices are not read:
 //! there is no API server to test them against here.)
 
+pub mod dns_srv;
+
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
-use crate::fleet::Control;
-use crate::lock;
-use crate::routers::RouterTarget;
+use crate::fleet::Fleet;
+use crate::routers::{RouterTarget, Routers};
+use crate::{lock, unix_ms_now};
 
 /// Largest discovery file read.
 const MAX_FILE_BYTES: u64 = 4 << 20;
@@ -183,12 +186,12 @@ async fn read(source: &DiscoverySource) -> Result<Found, String> {
                 Some(server) => *server,
                 None => {
                     let conf = tokio::fs::read_to_string("/etc/resolv.conf").await.unwrap_or_default();
-                    crate::dns_srv::nameserver(&conf).ok_or(
+                    dns_srv::nameserver(&conf).ok_or(
                         "no nameserver in /etc/resolv.conf; give the DNS server with --dns-server HOST:PORT",
                     )?
                 }
             };
-            let instances = crate::dns_srv::resolve_srv(server, name)
+            let instances = dns_srv::resolve_srv(server, name)
                 .await
                 .map_err(|e| format!("SRV {name} at {server}: {e}"))?;
             Ok(Found {
@@ -217,21 +220,33 @@ pub struct SourceStatus {
     pub last_read_ms: Option<u64>,
 }
 
-/// Every discovery source's state.
-#[derive(Debug, Default)]
-pub(crate) struct Discovery {
-    sources: Mutex<Vec<SourceStatus>>,
+/// Every discovery source, each read on its own loop, and what each found last. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Discovery {
+    inner: Arc<DiscoveryInner>,
 }
 
-impl Control {
+#[derive(Debug)]
+struct DiscoveryInner {
+    sources: Mutex<Vec<SourceStatus>>,
+    fleet: Fleet,
+    routers: Routers,
+    cancel: CancellationToken,
+}
+
+impl Discovery {
+    pub(crate) fn new(fleet: Fleet, routers: Routers, cancel: CancellationToken) -> Self {
+        Self { inner: Arc::new(DiscoveryInner { sources: Mutex::default(), fleet, routers, cancel }) }
+    }
+
     /// Where each discovery source stands.
-    pub fn discovery_status(&self) -> Vec<SourceStatus> {
-        lock(&self.inner.discovery.sources).clone()
+    pub fn status(&self) -> Vec<SourceStatus> {
+        lock(&self.inner.sources).clone()
     }
 
     /// The discovery sources as the settings view shows them.
-    pub(crate) fn discovery_views(&self) -> Vec<fleetdeck_api::DiscoveryView> {
-        self.discovery_status()
+    pub(crate) fn views(&self) -> Vec<fleetdeck_api::DiscoveryView> {
+        self.status()
             .into_iter()
             .map(|status| fleetdeck_api::DiscoveryView {
                 source: status.source,
@@ -244,10 +259,11 @@ impl Control {
             .collect()
     }
 
-    /// Reads `source` once per scrape interval until the app stops, applying what changed.
-    pub(crate) fn start_discovery(&self, source: DiscoverySource) {
+    /// Reads `source` once per scrape interval until the app stops, applying what changed. The loop holds
+    /// the discovery weakly, so it never keeps a dropped app alive.
+    pub(crate) fn start(&self, source: DiscoverySource) {
         let index = {
-            let mut sources = lock(&self.inner.discovery.sources);
+            let mut sources = lock(&self.inner.sources);
             sources.push(SourceStatus { source: source.to_string(), ..SourceStatus::default() });
             sources.len() - 1
         };
@@ -256,11 +272,11 @@ impl Control {
         tokio::spawn(async move {
             loop {
                 let Some(inner) = weak.upgrade() else { return };
-                let control = Control { inner };
+                let discovery = Discovery { inner };
                 let result = read(&source).await;
-                let interval = control.scrape_interval();
-                control.apply_discovery(index, result).await;
-                drop(control);
+                let interval = discovery.inner.fleet.scrape_interval();
+                discovery.apply(index, result).await;
+                drop(discovery);
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep(interval) => {}
@@ -269,18 +285,18 @@ impl Control {
         });
     }
 
-    async fn apply_discovery(&self, index: usize, result: Result<Found, String>) {
+    async fn apply(&self, index: usize, result: Result<Found, String>) {
         self.apply_found(index, result).await;
-        let mut sources = lock(&self.inner.discovery.sources);
+        let mut sources = lock(&self.inner.sources);
         sources[index].reads += 1;
-        sources[index].last_read_ms = u64::try_from(crate::fleet::unix_ms_now()).ok();
+        sources[index].last_read_ms = u64::try_from(unix_ms_now()).ok();
     }
 
     async fn apply_found(&self, index: usize, result: Result<Found, String>) {
         let found = match result {
             Ok(found) => found,
             Err(error) => {
-                let mut sources = lock(&self.inner.discovery.sources);
+                let mut sources = lock(&self.inner.sources);
                 if sources[index].error.as_ref() != Some(&error) {
                     tracing::warn!(source = %sources[index].source, %error, "discovery failed; keeping what it found before");
                 }
@@ -289,25 +305,25 @@ impl Control {
             }
         };
         let before = {
-            let mut sources = lock(&self.inner.discovery.sources);
+            let mut sources = lock(&self.inner.sources);
             sources[index].error = None;
             std::mem::replace(&mut sources[index].found, found.clone())
         };
         // Another source (or a flag) may list the same replica: only what no one else lists goes.
-        let others: BTreeSet<String> = lock(&self.inner.discovery.sources)
+        let others: BTreeSet<String> = lock(&self.inner.sources)
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != index)
             .flat_map(|(_, s)| s.found.replicas.iter().cloned())
             .collect();
+        let fleet = &self.inner.fleet;
         for url in found.replicas.difference(&before.replicas) {
-            if !self.watches(url) {
+            if fleet.watch(url) {
                 tracing::info!(%url, "discovered a replica");
-                self.add_group(vec![url.clone()]);
             }
         }
         for url in before.replicas.difference(&found.replicas) {
-            if !others.contains(url) && self.remove_target(url) {
+            if !others.contains(url) && fleet.unwatch(url) {
                 tracing::info!(%url, "a discovered replica left");
             }
         }
@@ -317,7 +333,7 @@ impl Control {
                 token_file: router.token_file.clone(),
                 ..RouterTarget::default()
             };
-            self.inner.routers.add(target, &self.inner.store, self.history_fleet()).await;
+            self.inner.routers.add(target).await;
         }
         for router in before.routers.difference(&found.routers) {
             if !found.routers.iter().any(|r| r.url == router.url) {

@@ -7,7 +7,7 @@ use fleetdeck_api::WhatIfFidelity;
 use serde::{Deserialize, Serialize};
 
 /// The checked-in table.
-pub const FIDELITY_JSON: &str = include_str!("../fidelity.json");
+pub const FIDELITY_JSON: &str = include_str!("../../fidelity.json");
 
 /// Predicted and measured figures of one policy.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@
 //! live from a cold fleet on the same seeded traffic. Prints predicted vs measured hit rate and TTFT p95 for
 //! A (the self-check) and B, and writes the table the app shows next to its predictions.
 //!
-//! `cargo run --release -p fleetdeck-control --example fidelity -- [OUT.json] [REQUESTS]`
+//! `cargo run --release -p fleet-demo --example fidelity -- [OUT.json] [REQUESTS]`
 //!
 //! Measured figures come from the router's recording of the first REQUESTS answered requests (cached over
 //! prompt tokens as the replicas reported them in usage; time to the first streamed token as TTFT).
@@ -13,15 +13,15 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use fleet_demo::DemoConfig;
 use fleet_sim::kv_publish::KvEventsConfig;
 use fleet_sim::load::{LoadConfig, LoadStats};
 use fleet_sim::{Fleet, ModelConfig};
 use fleet_test_support::eventually;
 use fleet_trace::TraceRecord;
 use fleetdeck_api::{WhatIfArgs, WhatIfJobArgs, WhatIfResult};
-use fleetdeck_control::admin::AdminClient;
-use fleetdeck_control::demo::DemoConfig;
-use fleetdeck_control::fidelity::{Figures, Pair, Table};
+use fleetdeck_control::routers::admin::AdminClient;
+use fleetdeck_control::whatif::fidelity::{Figures, Pair, Table};
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -134,13 +134,13 @@ async fn predict(run: &Live, candidate: &str, dir: &std::path::Path) -> Result<W
             profile: None,
             kv_blocks: None,
         };
-        async move { Ok(control.start_whatif(args).await.ok()) }
+        async move { Ok(control.whatif().start(args).await.ok()) }
     })
     .await?;
     let done = eventually("the what-if result", Duration::from_secs(300), || {
         let control = control.clone();
         async move {
-            let status = control.whatif_status(WhatIfJobArgs { job: started.job }).await?;
+            let status = control.whatif().status(WhatIfJobArgs { job: started.job }).await?;
             if status.state == "failed" {
                 bail!("what-if failed: {:?}", status.message);
             }

@@ -9,7 +9,7 @@
 use fleet_telemetry::exposition;
 use serde_json::Value;
 
-use crate::admin::read_limited;
+use super::admin::read_limited;
 
 /// Largest `/workers` or `/metrics` body read from a third-party router.
 const MAX_BODY: usize = 4 << 20;
@@ -169,11 +169,11 @@ pub fn read_metrics(kind: PeerKind, text: &str) -> Result<PeerMetrics, String> {
 /// GETs `url` within the deadline and size cap; the body of a 2xx answer.
 async fn get(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
     let work = async {
-        let response = http.get(url).send().await.map_err(|e| crate::admin::connect_detail(&e))?;
+        let response = http.get(url).send().await.map_err(|e| super::admin::connect_detail(&e))?;
         let status = response.status();
         let body = read_limited(response, MAX_BODY).await.map_err(|e| match e {
-            crate::admin::BodyError::TooLarge => format!("more than {MAX_BODY} bytes"),
-            crate::admin::BodyError::Broken(detail) => detail,
+            super::admin::BodyError::TooLarge => format!("more than {MAX_BODY} bytes"),
+            super::admin::BodyError::Broken(detail) => detail,
         })?;
         if status.is_success() { Ok(body) } else { Err(format!("HTTP {}", status.as_u16())) }
     };
