@@ -10,7 +10,7 @@
 //!   binary watching emulated replicas.
 //! - [`security`]: the headless app against a same-laptop attacker: no sign-in, CSRF, DNS rebinding,
 //!   local files and bodies through the API, clear text beyond loopback.
-//! - [`store`]: a fleet found through a discovery file and pushed through a real etcd key from the
+//! - [`etcd`]: a fleet found through a discovery file and pushed through a real etcd key from the
 //!   Push view: guarded push, a refused stale push, reload, rollback, drift.
 //! - [`views`]: every view of the app in headless Chromium against the demo fleet, and the
 //!   overview's render time at 1,000 replicas.
@@ -18,11 +18,11 @@
 mod app;
 mod browser;
 mod desktop;
+mod etcd;
 mod llamacpp;
 mod package;
 mod probe;
 mod rollout;
 mod security;
 mod stack;
-mod store;
 mod views;

@@ -4,14 +4,8 @@
 //! mini-redis gives `Db` and `Handler` homes of their own), is cheap to clone, and holds clones of the few
 //! handles it builds on; none knows the handles built on it, so the graph has no cycle:
 //!
-//! ```text
-//!   Audit ◄── Routers ◄── Fleet ◄── Discovery
-//!     ▲          ▲   ▲      ▲  ▲
-//!     │          │   └──────┼──┼─── Settings ──► Discovery, Rollout
-//!     └──── Rollout ◄── Canary │
-//!                ▲             │
-//!                └──── WhatIf ─┘     Demo ──► Fleet, Routers, Audit
-//! ```
+//! `Audit` <- `Routers` <- `Fleet` <- `Discovery`; `EtcdKeys` <- `Rollout` <- `Canary`; `WhatIf`,
+//! `Settings` and `Demo` on top (ARCHITECTURE.md has the table of what each owns and builds on).
 //!
 //! - [`audit`]: the SQLite history's audit side: policy versions, pushes, notes, the fleet this launch
 //!   writes under, the policy history and before/after comparisons.

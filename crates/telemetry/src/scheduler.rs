@@ -135,7 +135,9 @@ struct Shared {
     config: Mutex<SchedulerConfig>,
     client: reqwest::Client,
     semaphore: Arc<Semaphore>,
-    observations: mpsc::Sender<Observation>,
+    /// The sending side every target loop clones; taken when the scheduler is cancelled, so the stream of
+    /// observations ends once the last loop stops.
+    observations: Mutex<Option<mpsc::Sender<Observation>>>,
     cancel: CancellationToken,
     /// Origin of the monotonic seconds fed to the windows.
     origin: Instant,
@@ -170,10 +172,17 @@ impl Scheduler {
             semaphore: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
             config: Mutex::new(config),
             client,
-            observations,
-            cancel,
+            observations: Mutex::new(Some(observations)),
+            cancel: cancel.clone(),
             origin: Instant::now(),
             dropped: Arc::new(AtomicU64::new(0)),
+        });
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            if let Some(shared) = weak.upgrade() {
+                lock(&shared.observations).take();
+            }
         });
         (Self { shared }, receiver)
     }
@@ -221,6 +230,8 @@ impl Scheduler {
     }
 
     fn spawn(&self, id: u32, spec: TargetSpec, phase: Duration) {
+        // A cancelled scheduler scrapes nothing more.
+        let Some(observations) = lock(&self.shared.observations).clone() else { return };
         let (window, max_backoff) = {
             let config = lock(&self.shared.config);
             (config.window, config.max_backoff)
@@ -235,7 +246,7 @@ impl Scheduler {
             spec: spec.clone(),
             client: self.shared.client.clone(),
             semaphore: self.shared.semaphore.clone(),
-            observations: self.shared.observations.clone(),
+            observations,
             max_backoff,
         };
         let replaced = lock(&self.shared.targets).insert(id, Target { spec, state, stop: stop.clone() });

@@ -82,10 +82,10 @@ impl EtcdKey {
     }
 }
 
-fn store_error(error: EtcdError) -> ApiError {
+fn etcd_error(error: EtcdError) -> ApiError {
     let code = match error {
-        EtcdError::Unreachable { .. } => "store_unreachable",
-        _ => "store_error",
+        EtcdError::Unreachable { .. } => "etcd_unreachable",
+        _ => "etcd_error",
     };
     ApiError::new(code, format!("{error}; nothing was written"))
 }
@@ -109,7 +109,7 @@ fn conflict(key: &str, reviewed: i64, current: i64) -> ApiError {
 fn report_of(state: Result<crate::routers::admin::RouterState, String>) -> EtcdReport {
     match state {
         Err(error) => EtcdReport::Unreadable(error),
-        Ok(state) => match state.etcd_policy {
+        Ok(state) => match state.etcd {
             None => EtcdReport::Read {
                 key: None,
                 revision: None,
@@ -119,7 +119,7 @@ fn report_of(state: Result<crate::routers::admin::RouterState, String>) -> EtcdR
             },
             Some(store) => EtcdReport::Read {
                 key: Some(store.key),
-                revision: state.policy.store_revision,
+                revision: state.policy.etcd_revision,
                 connected: store.connected,
                 last_rejected: store.last_rejected.map(|r| (r.revision, r.reason)),
                 error: store.error,
@@ -143,7 +143,7 @@ async fn previous_valid(store: &EtcdKey, key: &str, current: &KeyValue) -> Resul
                     "etcd compacted {key}'s history, so its previous value is gone; push the version to restore from the history view"
                 ),
             ),
-            other => store_error(other),
+            other => etcd_error(other),
         })?;
         let Some(kv) = earlier.kv else { break };
         if let Ok(spec) = spec_of(&kv.value) {
@@ -160,7 +160,7 @@ async fn previous_valid(store: &EtcdKey, key: &str, current: &KeyValue) -> Resul
 /// Writes `spec` (canonical JSON) to `key` if the key is still at `if_revision`; the new revision.
 async fn put_spec(store: &EtcdKey, key: &str, spec: &PolicySpec, if_revision: i64) -> Result<i64, ApiError> {
     let outcome =
-        store.client.put_if(key, spec.to_json().as_bytes(), if_revision).await.map_err(store_error)?;
+        store.client.put_if(key, spec.to_json().as_bytes(), if_revision).await.map_err(etcd_error)?;
     if outcome.succeeded {
         Ok(outcome.revision)
     } else {
@@ -227,7 +227,7 @@ impl EtcdKeys {
     pub async fn policy(&self, args: EtcdKeyArgs) -> Result<EtcdPolicy, ApiError> {
         let store = self.etcd_key()?;
         let key = store.key(args.key.as_deref())?;
-        let range = store.client.get(&key).await.map_err(store_error)?;
+        let range = store.client.get(&key).await.map_err(etcd_error)?;
         Ok(match range.kv {
             None => EtcdPolicy { key, revision: 0, text: None, invalid: None },
             Some(kv) => EtcdPolicy {
@@ -256,7 +256,7 @@ impl EtcdKeys {
         let store = self.etcd_key()?;
         let key = store.key(args.key.as_deref())?;
         let author = operator_name(args.operator.as_deref());
-        let range = store.client.get(&key).await.map_err(store_error)?;
+        let range = store.client.get(&key).await.map_err(etcd_error)?;
         let Some(current) = range.kv else {
             return Err(ApiError::new(
                 "no_previous_version",
@@ -305,7 +305,7 @@ impl EtcdKeys {
         result
     }
 
-    /// Splits routers into those that watch a key of the fleet's store (by key) and the others (pushed over
+    /// Splits routers into those that watch one of the fleet's etcd keys (by key) and the others (pushed over
     /// HTTP). Without a store, or for a router that cannot be read, it is HTTP.
     pub(crate) async fn split_by_key(
         &self,
@@ -318,7 +318,7 @@ impl EtcdKeys {
         let mut by_key: BTreeMap<String, Vec<AdminClient>> = BTreeMap::new();
         let mut http = Vec::new();
         for (client, state) in clients.into_iter().zip(states) {
-            match state.ok().and_then(|s| s.etcd_policy) {
+            match state.ok().and_then(|s| s.etcd) {
                 Some(store) => by_key.entry(store.key).or_default().push(client),
                 None => http.push(client),
             }
@@ -326,7 +326,7 @@ impl EtcdKeys {
         (by_key, http)
     }
 
-    /// A canary step on store keys: one guarded txn per key (guarded by the revision read right before, as
+    /// A canary step on etcd keys: one guarded txn per key (guarded by the revision read right before, as
     /// the HTTP path reads each router's version), then each router's outcome once it reports the new
     /// revision, or why not after [`APPLY_WAIT`]. Also returns the spec a rollback restored.
     pub(crate) async fn change_keys(
@@ -340,7 +340,7 @@ impl EtcdKeys {
             let written = async {
                 let store = self.etcd_key()?;
                 store.key(Some(key))?;
-                let current = store.client.get(key).await.map_err(store_error)?.kv;
+                let current = store.client.get(key).await.map_err(etcd_error)?.kv;
                 let if_revision = current.as_ref().map_or(0, |kv| kv.mod_revision);
                 let spec = match change {
                     KeyChange::Push(spec) => spec.clone(),
@@ -429,10 +429,10 @@ async fn await_revision(client: &AdminClient, revision: i64) -> PushOutcome {
     loop {
         let last = match client.state().await {
             Ok(state) => {
-                if state.policy.store_revision.is_some_and(|runs| runs >= revision) {
+                if state.policy.etcd_revision.is_some_and(|runs| runs >= revision) {
                     return PushOutcome::Applied { version: state.policy.version };
                 }
-                let store = state.etcd_policy.unwrap_or_default();
+                let store = state.etcd.unwrap_or_default();
                 if let Some(refused) = store.last_rejected.filter(|r| r.revision == revision) {
                     return PushOutcome::Refused {
                         status: 422,
@@ -440,7 +440,7 @@ async fn await_revision(client: &AdminClient, revision: i64) -> PushOutcome {
                         message: refused.reason,
                     };
                 }
-                store.error.unwrap_or_else(|| format!("it runs revision {:?}", state.policy.store_revision))
+                store.error.unwrap_or_else(|| format!("it runs revision {:?}", state.policy.etcd_revision))
             }
             Err(error) => error.to_string(),
         };

@@ -288,7 +288,7 @@ impl Rollout {
             Ok(clients) => clients,
             Err(e) => return (all_unreachable(routers, &e), Vec::new()),
         };
-        // Routers on the store take the step through their key (a canary group's own key), the rest over HTTP.
+        // Routers on etcd take the step through their key (a canary group's own key), the rest over HTTP.
         let (by_key, clients) = self.inner.etcd.split_by_key(clients).await;
         let (on_keys, _) = self.inner.etcd.change_keys(&by_key, KeyChange::Push(spec)).await;
         let mut answered = Vec::new();

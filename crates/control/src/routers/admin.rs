@@ -80,8 +80,10 @@ pub struct RouterState {
     pub replicas: Vec<RouterReplica>,
     pub prefix_groups: Vec<PrefixGroup>,
     pub window_s: u64,
-    /// Where the router takes its policy from, when that is etcd (`--policy-etcd`).
-    pub etcd_policy: Option<StoreInfo>,
+    /// Where the router takes its policy from, when that is etcd (`--policy-etcd`; `policy_store` on the
+    /// wire).
+    #[serde(rename = "policy_store")]
+    pub etcd: Option<EtcdWatch>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -89,16 +91,17 @@ pub struct RouterState {
 pub struct PolicyInfo {
     pub name: String,
     pub version: u64,
-    /// The etcd `mod_revision` of the value in force (routers on etcd only).
-    pub store_revision: Option<i64>,
+    /// The etcd `mod_revision` of the value in force (routers on etcd only; `store_revision` on the wire).
+    #[serde(rename = "store_revision")]
+    pub etcd_revision: Option<i64>,
     /// When the policy was put in force (Unix microseconds).
     pub applied_at_us: Option<u64>,
 }
 
-/// A router's `etcd_policy` state: the key it watches and how its watch fares.
+/// A router's etcd watch: the key it watches and how the watch fares.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
-pub struct StoreInfo {
+pub struct EtcdWatch {
     pub key: String,
     pub connected: bool,
     pub seen_revision: i64,

@@ -358,7 +358,7 @@ async fn the_app_pushes_to_an_etcd_over_https_with_a_client_certificate() -> Res
         .push(EtcdPushArgs { text: spec(2), if_revision: pushed.revision, key: None, operator: None })
         .await
         .unwrap_err();
-    assert_eq!(error.code, "store_unreachable", "{error:?}");
+    assert_eq!(error.code, "etcd_unreachable", "{error:?}");
     assert_eq!(control.etcd().policy(EtcdKeyArgs::default()).await?.revision, pushed.revision);
     Ok(())
 }

@@ -122,6 +122,9 @@ async fn a_hundred_discovered_replicas_are_written_in_one_transaction_per_interv
     // The batcher ticks at most once per interval (the first tick at once): this bound holds whatever the
     // machine's speed, and a batcher per replica would exceed it a hundredfold.
     let intervals = (started.elapsed().as_secs_f64() / interval.as_secs_f64()).floor() as u64 + 1;
+    eprintln!(
+        "{REPLICAS} discovered replicas: {rounds} history transactions in {intervals} scrape intervals"
+    );
     assert!(
         rounds <= intervals,
         "{rounds} rounds written in {intervals} intervals for {REPLICAS} replicas ({samples} samples): \

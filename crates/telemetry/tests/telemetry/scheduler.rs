@@ -132,3 +132,55 @@ async fn an_oversized_exposition_is_refused_with_the_limit_in_the_error() -> Res
     assert!(error.contains("more than 64 bytes"), "{error}");
     Ok(())
 }
+
+#[tokio::test]
+async fn targets_join_and_leave_a_running_scheduler_without_disturbing_the_others() -> Result<()> {
+    let sim = spawn_sim(2, ModelConfig::default()).await?;
+    let cancel = CancellationToken::new();
+    let _stop = cancel.clone().drop_guard();
+    let (scheduler, mut observations) = Scheduler::new(
+        SchedulerConfig::default(),
+        fleet_telemetry::scrape::client(Duration::from_secs(1))?,
+        cancel.clone(),
+    );
+    let seen = tokio::spawn(async move {
+        let mut ids = std::collections::BTreeSet::new();
+        while let Some(o) = observations.recv().await {
+            ids.insert(o.index);
+        }
+        ids
+    });
+    assert!(scheduler.is_empty());
+    scheduler.add(7, spec(&sim.urls()[0], 100));
+    eventually("the first target scraped", Duration::from_secs(30), || async {
+        Ok(scheduler.status(7).is_some_and(|s| s.scrapes_ok >= 3).then_some(()))
+    })
+    .await?;
+    let before = scheduler.status(7).expect("target 7").scrapes_ok;
+    scheduler.add(9, spec(&sim.urls()[1], 100));
+    assert!(scheduler.contains_url(&sim.urls()[1]) && scheduler.id_of(&sim.urls()[1]) == Some(9));
+    eventually("the second target scraped while the first goes on", Duration::from_secs(30), || async {
+        let (first, second) = (scheduler.status(7), scheduler.status(9));
+        Ok((second.is_some_and(|s| s.scrapes_ok >= 3) && first.is_some_and(|s| s.scrapes_ok > before))
+            .then_some(()))
+    })
+    .await?;
+    // The first target kept its window: it was never restarted by the second's arrival.
+    assert!(scheduler.status(7).expect("target 7").scrapes_ok > before);
+
+    assert!(scheduler.remove(7));
+    assert!(!scheduler.remove(7), "removing twice");
+    assert_eq!(scheduler.targets().iter().map(|(id, _)| *id).collect::<Vec<_>>(), [9]);
+    assert!(!scheduler.contains_url(&sim.urls()[0]));
+
+    // A new interval restarts every loop on it.
+    scheduler.set_interval(Duration::from_millis(50), Duration::from_secs(1));
+    eventually("the remaining target scraped on the new interval", Duration::from_secs(30), || async {
+        Ok(scheduler.status(9).is_some_and(|s| s.scrapes_ok >= 5).then_some(()))
+    })
+    .await?;
+    cancel.cancel();
+    let ids = tokio::time::timeout(Duration::from_secs(10), seen).await??;
+    assert_eq!(ids.into_iter().collect::<Vec<_>>(), [7, 9], "observations ended after the cancel");
+    Ok(())
+}
