@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use fleet_store::secrets::Secret;
 use fleetdeck_api::{Candidate, DecisionEntry};
-use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
-pub(crate) use fleet_telemetry::{connect_detail, error_chain};
+pub(crate) use fleet_telemetry::connect_detail;
 
 /// Why a router's answer body could not be read.
 #[derive(Debug)]
@@ -26,19 +25,10 @@ pub(crate) enum BodyError {
 
 /// Reads a response body of at most `limit` bytes, refusing early on a larger Content-Length.
 pub(crate) async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
-    if response.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(BodyError::TooLarge);
-    }
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| BodyError::Broken(error_chain(&e)))?;
-        if body.len() + chunk.len() > limit {
-            return Err(BodyError::TooLarge);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
+    fleet_base::http::read_limited(response, limit).await.map_err(|error| match error {
+        fleet_base::http::BodyError::TooLarge => BodyError::TooLarge,
+        fleet_base::http::BodyError::Broken(detail) => BodyError::Broken(detail),
+    })
 }
 
 /// Deadline of one admin call (connect, headers and body).

@@ -37,6 +37,7 @@ pub mod policy_store;
 pub mod rollout;
 pub mod routers;
 pub mod settings;
+pub mod signals;
 pub mod sources;
 pub mod synthetic;
 pub mod third_party;
