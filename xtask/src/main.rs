@@ -15,6 +15,8 @@ mod pgo;
 mod procs;
 mod real;
 mod router_bench;
+#[cfg(test)]
+mod tidy;
 
 use std::env;
 use std::ffi::OsString;
