@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use fantoccini::actions::{InputSource, KeyAction, KeyActions};
 use fantoccini::key::Key;
 use fantoccini::{Client, Locator};
+use fleet_base::quantile;
 use fleet_sim::ModelConfig;
 use fleet_test_support::endpoints::garbage_metrics;
 use fleet_test_support::process::{HeadlessApp, artifacts_dir, spawn_headless};
@@ -405,8 +406,8 @@ async fn the_overview_renders_1000_replicas_and_reports_its_time_per_update() ->
     assert_ne!(first, later, "the synthetic replicas' numbers move between updates");
     let mut sorted = samples.clone();
     sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
-    let p95 = sorted[(sorted.len() * 95 / 100).min(sorted.len() - 1)];
+    let median = quantile::median(&sorted).context("no render samples")?;
+    let p95 = quantile::nearest_rank(&sorted, 0.95).context("no render samples")?;
     let report = json!({"rows": 1000, "updates": samples.len(), "median_ms": median, "p95_ms": p95, "samples_ms": samples});
     let path = artifacts_dir()?.join("fleet-render-1000.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;

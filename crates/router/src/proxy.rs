@@ -20,7 +20,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use fleet_policy::{Branch, CandidateExplanation, Decision, Engine, PickError, ReplicaId, RequestView};
 use fleet_trace::TraceRecord;
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use memchr::memmem::Finder;
 use serde_json::json;
@@ -41,20 +41,6 @@ pub const POLICY_VERSION_HEADER: HeaderName = HeaderName::from_static("x-fleet-p
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-fleet-request-id");
 /// Request header carrying a session key (wins over the body's `user`).
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
-
-/// Reads a response body up to `limit` bytes.
-pub async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|error| error.to_string())?;
-        if body.len() + chunk.len() > limit {
-            return Err(format!("the body is larger than {limit} bytes"));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
 
 /// An OpenAI-shaped error response.
 pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {

@@ -435,7 +435,7 @@ impl RouterState {
         if !response.status().is_success() {
             return None;
         }
-        let body = crate::proxy::read_limited(response, 1 << 20).await.ok()?;
+        let body = fleet_base::http::read_limited(response, 1 << 20).await.ok()?;
         let models: serde_json::Value = serde_json::from_slice(&body).ok()?;
         models["data"][0]["id"].as_str().map(str::to_owned)
     }

@@ -21,7 +21,6 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleetdeck_api::Signals;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -69,13 +68,31 @@ pub enum StoreError {
     BadWindow { window: String },
 }
 
+/// The signals a sample stores, one column each; `None` (NULL) means "not provided or no data in the
+/// window", never zero. The store's own type, so the history does not change with the UI's contract.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SampleSignals {
+    /// Requests waiting for admission.
+    pub queue_depth: Option<f64>,
+    /// Requests in the running batch.
+    pub running: Option<f64>,
+    /// KV-cache usage, 0..=1.
+    pub kv_usage: Option<f64>,
+    /// Prefix-cache hits / queries over the signal window.
+    pub hit_rate: Option<f64>,
+    /// TTFT median over the signal window, in seconds.
+    pub ttft_p50_s: Option<f64>,
+    /// TTFT 95th percentile over the signal window, in seconds.
+    pub ttft_p95_s: Option<f64>,
+}
+
 /// One scrape's signals for one replica.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SampleRow {
     pub url: String,
     pub model: String,
     pub ts_ms: i64,
-    pub signals: Signals,
+    pub signals: SampleSignals,
     /// Prompt (prefill) tokens per second since the previous scrape; `None`: not reported.
     pub prompt_tok_s: Option<f64>,
     /// Generated tokens per second since the previous scrape; `None`: not reported.
@@ -239,13 +256,8 @@ impl Store {
     }
 }
 
-/// The wall clock in Unix milliseconds; only the edges (background tasks, commands) read it.
-pub fn unix_ms_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+/// The wall clock in Unix milliseconds (where it is defined: [`fleet_base::time`]).
+pub use fleet_base::time::unix_ms_now;
 
 #[cfg(test)]
 mod tests {
@@ -256,7 +268,7 @@ mod tests {
             url: url.into(),
             model: "m".into(),
             ts_ms,
-            signals: Signals { ttft_p95_s: p95, queue_depth: Some(1.0), ..Signals::default() },
+            signals: SampleSignals { ttft_p95_s: p95, queue_depth: Some(1.0), ..SampleSignals::default() },
             ..SampleRow::default()
         }
     }

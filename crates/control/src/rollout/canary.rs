@@ -126,10 +126,8 @@ pub fn side_window<'a>(observed: impl IntoIterator<Item = &'a Observed>, since_m
     let mut ttfts: Vec<f64> =
         recent.iter().filter(|r| r.succeeded).filter_map(|r| r.ttft_ms).filter(|t| t.is_finite()).collect();
     ttfts.sort_by(f64::total_cmp);
-    let ttft_p95_s = (!ttfts.is_empty()).then(|| {
-        let rank = ((ttfts.len() as f64) * 0.95).ceil() as usize;
-        ttfts[rank.clamp(1, ttfts.len()) - 1] / 1000.0
-    });
+    // Nearest rank, as the what-if's replay reports its p95: the canary and the what-if agree by construction.
+    let ttft_p95_s = fleet_base::quantile::nearest_rank(&ttfts, 0.95).map(|ms| ms / 1000.0);
     let (cached, input) = recent
         .iter()
         .filter_map(|r| r.cached_tokens.map(|c| (u64::from(c), u64::from(r.input_tokens))))

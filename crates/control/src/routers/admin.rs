@@ -12,37 +12,11 @@ use fleet_policy::PolicySpec;
 use fleet_rollout::PushOutcome;
 use fleet_store::secrets::Secret;
 use fleetdeck_api::{Candidate, DecisionEntry};
-use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
-pub(crate) use fleet_telemetry::{connect_detail, error_chain};
-
-/// Why a router's answer body could not be read.
-#[derive(Debug)]
-pub(crate) enum BodyError {
-    /// Larger than the limit (announced or streamed).
-    TooLarge,
-    /// The connection failed mid-body (the cause chain).
-    Broken(String),
-}
-
-/// Reads a response body of at most `limit` bytes, refusing early on a larger Content-Length.
-pub(crate) async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
-    if response.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(BodyError::TooLarge);
-    }
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| BodyError::Broken(error_chain(&e)))?;
-        if body.len() + chunk.len() > limit {
-            return Err(BodyError::TooLarge);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
+use fleet_base::http::{BodyError, read_limited};
+pub(crate) use fleet_telemetry::connect_detail;
 
 /// Deadline of one admin call (connect, headers and body).
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(4);

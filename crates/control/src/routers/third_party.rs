@@ -9,7 +9,7 @@
 use fleet_telemetry::exposition;
 use serde_json::Value;
 
-use super::admin::read_limited;
+use fleet_base::http::{BodyError, read_limited};
 
 /// Largest `/workers` or `/metrics` body read from a third-party router.
 const MAX_BODY: usize = 4 << 20;
@@ -172,8 +172,8 @@ async fn get(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
         let response = http.get(url).send().await.map_err(|e| super::admin::connect_detail(&e))?;
         let status = response.status();
         let body = read_limited(response, MAX_BODY).await.map_err(|e| match e {
-            super::admin::BodyError::TooLarge => format!("more than {MAX_BODY} bytes"),
-            super::admin::BodyError::Broken(detail) => detail,
+            BodyError::TooLarge => format!("more than {MAX_BODY} bytes"),
+            BodyError::Broken(detail) => detail,
         })?;
         if status.is_success() { Ok(body) } else { Err(format!("HTTP {}", status.as_u16())) }
     };

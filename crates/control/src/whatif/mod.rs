@@ -110,7 +110,8 @@ pub fn unmodelled_overhead_s(trace: &Trace, active_policy: &str, active: &Replay
         return None;
     }
     ttfts.sort_by(f64::total_cmp);
-    let median_s = ttfts[ttfts.len() / 2] / 1000.0;
+    // Nearest rank, as the replay's own p50 it is compared with.
+    let median_s = fleet_base::quantile::nearest_rank(&ttfts, 0.5)? / 1000.0;
     Some((median_s - active.ttft_p50_s).max(0.0))
 }
 
@@ -632,7 +633,7 @@ mod tests {
             status: Some(status),
             ..TraceRecord::mooncake(i * 100, 1024, 4, vec![i])
         };
-        // 30 answered requests under round_robin with a median TTFT of 15 ms; slower ones under another
+        // 30 answered requests under round_robin with a median TTFT near 15 ms; slower ones under another
         // policy, failed ones and untimed ones must not count.
         let mut records: Vec<TraceRecord> =
             (0..30).map(|i| timed(i, "round_robin", 10.0 + i as f64 / 3.0, 200)).collect();
@@ -642,10 +643,12 @@ mod tests {
         let trace = Trace::from_records(records).unwrap();
         let replayed = ReplayReport { ttft_p50_s: 0.012, ..ReplayReport::default() };
         let overhead = unmodelled_overhead_s(&trace, "round_robin", &replayed).expect("measurable");
-        assert!((overhead - 0.003).abs() < 1e-9, "15 ms recorded - 12 ms replayed: {overhead}");
+        // The recorded median (nearest rank, the 15th of 30) is 10 + 14/3 ms.
+        let expected = (10.0 + 14.0 / 3.0 - 12.0) / 1000.0;
+        assert!((overhead - expected).abs() < 1e-9, "14.67 ms recorded - 12 ms replayed: {overhead}");
         // Added to both percentiles of both sides.
         let shown = figures("round_robin", &ReplayReport { ttft_p95_s: 0.05, ..replayed.clone() }, overhead);
-        assert!((shown.ttft_p95_s.unwrap() - 0.053).abs() < 1e-9);
+        assert!((shown.ttft_p95_s.unwrap() - (0.05 + expected)).abs() < 1e-9);
         // A replay slower than the recording adds nothing; a trace without first tokens cannot say.
         let slow = ReplayReport { ttft_p50_s: 0.5, ..ReplayReport::default() };
         assert_eq!(unmodelled_overhead_s(&trace, "round_robin", &slow), Some(0.0));
