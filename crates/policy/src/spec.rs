@@ -135,6 +135,7 @@ impl PolicySpec {
                 balance_abs_threshold: values.integer("balance_abs_threshold") as u64,
                 balance_rel_threshold: values.float("balance_rel_threshold"),
                 max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
+                guard: LoadGuardParams::read(&values),
                 hashing: HashingParams::read(&values),
             }),
             "kv_precise" => ResolvedPolicy::KvPrecise(KvPreciseParams {
@@ -143,6 +144,7 @@ impl PolicySpec {
                 decode_weight: values.float("decode_weight"),
                 temperature: values.float("temperature"),
                 max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
+                guard: LoadGuardParams::read(&values),
                 hashing: HashingParams::read(&values),
             }),
             "weighted_scorers" => {
@@ -159,6 +161,7 @@ impl PolicySpec {
                         PrefixSource::Routed
                     },
                     max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
+                    guard: LoadGuardParams::read(&values),
                     hashing: HashingParams::read(&values),
                 };
                 let total = params.prefix_weight
@@ -514,6 +517,44 @@ fn hashing_docs() -> [ParamDoc; 2] {
     ]
 }
 
+/// The load guard's parameters, shared by the cache-aware policies (see `LoadGuardParams`).
+fn load_guard_docs() -> Vec<ParamDoc> {
+    vec![
+        ParamDoc {
+            name: "load_guard",
+            kind: ParamKind::Bool,
+            default: Value::Bool(true),
+            meaning: "Review every pick by expected wait: the chosen replica keeps the request only while its queued \
+                      prefill blocks (+ decode_wait_weight x its decoding blocks) plus the prompt blocks it would \
+                      prefill are within spread_wait_blocks of the \
+                      replica where that sum is least; otherwise the request (and so its prefix) goes there. \
+                      false keeps the policy's choice as it is.",
+        },
+        integer(
+            "spread_wait_blocks",
+            0,
+            1_000_000,
+            DEFAULT_SPREAD_WAIT_BLOCKS,
+            "Load guard bound, in blocks of prefill: how much later than the soonest replica the policy's choice \
+             may start a request before the prefix is spread. 0 always takes the soonest start; larger values \
+             keep more traffic on prefix owners (hit rate) at the price of queueing there.",
+        ),
+        float(
+            "decode_wait_weight",
+            0.0,
+            1000.0,
+            DEFAULT_DECODE_WAIT_WEIGHT,
+            "Load guard: blocks of prefill each block held by a replica's decoding requests adds to its expected \
+             wait (their attention runs in every engine step, slowing the prefill behind them).",
+        ),
+    ]
+}
+
+/// The load guard's default bound, in blocks of prefill (see `load_guard_docs`).
+const DEFAULT_SPREAD_WAIT_BLOCKS: i64 = 32;
+/// The load guard's default weight of decoding blocks in the expected wait (see `load_guard_docs`).
+const DEFAULT_DECODE_WAIT_WEIGHT: f64 = 0.1;
+
 /// Parameters of `policy` with type, range, default and meaning (empty for parameterless or unknown policies).
 pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
     match policy {
@@ -583,6 +624,7 @@ pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
                     "Approximate-index entries kept per replica; least recently used blocks are evicted beyond it.",
                 ),
             ];
+            docs.extend(load_guard_docs());
             docs.extend(hashing_docs());
             docs
         }
@@ -625,6 +667,7 @@ pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
                     "Safety bound on indexed blocks per replica in case removal events are lost; LRU beyond it.",
                 ),
             ];
+            docs.extend(load_guard_docs());
             docs.extend(hashing_docs());
             docs
         }
@@ -686,6 +729,7 @@ pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
                     "Prefix-index entries kept per replica; least recently used blocks are evicted beyond it.",
                 ),
             ];
+            docs.extend(load_guard_docs());
             docs.extend(hashing_docs());
             docs
         }
@@ -839,6 +883,28 @@ pub struct ConsistentHashParams {
     pub hashing: HashingParams,
 }
 
+/// The load guard every cache-aware policy shares (parameters `load_guard`, `spread_wait_blocks` and
+/// `decode_wait_weight`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadGuardParams {
+    /// Whether the guard reviews picks.
+    pub enabled: bool,
+    /// How many blocks of prefill later than the soonest replica the policy's choice may start a request.
+    pub spread_wait_blocks: u64,
+    /// Blocks of prefill one block held by a decoding request counts as in the expected wait.
+    pub decode_wait_weight: f64,
+}
+
+impl LoadGuardParams {
+    fn read(values: &ResolvedValues<'_>) -> Self {
+        Self {
+            enabled: values.boolean("load_guard"),
+            spread_wait_blocks: values.integer("spread_wait_blocks") as u64,
+            decode_wait_weight: values.float("decode_wait_weight"),
+        }
+    }
+}
+
 /// Parameters of `cache_aware_approx`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CacheAwareParams {
@@ -850,6 +916,8 @@ pub struct CacheAwareParams {
     pub balance_rel_threshold: f64,
     /// Index bound per replica.
     pub max_blocks_per_replica: usize,
+    /// The shared load guard.
+    pub guard: LoadGuardParams,
     /// Prompt cutting.
     pub hashing: HashingParams,
 }
@@ -867,6 +935,8 @@ pub struct KvPreciseParams {
     pub temperature: f64,
     /// Index bound per replica.
     pub max_blocks_per_replica: usize,
+    /// The shared load guard.
+    pub guard: LoadGuardParams,
     /// Prompt cutting.
     pub hashing: HashingParams,
 }
@@ -899,6 +969,8 @@ pub struct WeightedScorersParams {
     pub prefix_source: PrefixSource,
     /// Index bound per replica.
     pub max_blocks_per_replica: usize,
+    /// The shared load guard.
+    pub guard: LoadGuardParams,
     /// Prompt cutting.
     pub hashing: HashingParams,
 }
