@@ -114,7 +114,11 @@ async fn get_policy(State(state): State<Arc<RouterState>>) -> Response {
 /// The field a spec error is about.
 fn spec_error_field(error: &SpecError) -> String {
     match error {
-        SpecError::Parse { .. } => "body".to_owned(),
+        SpecError::Parse { .. }
+        | SpecError::TooLarge { .. }
+        | SpecError::TooDeep { .. }
+        | SpecError::YamlAlias { .. }
+        | SpecError::TooSlow { .. } => "body".to_owned(),
         SpecError::MissingPolicy | SpecError::UnknownPolicy { .. } => "policy".to_owned(),
         SpecError::UnsupportedSchemaVersion { .. } => "schema_version".to_owned(),
         SpecError::UnknownField { field, .. }
@@ -176,7 +180,7 @@ async fn put_policy(State(state): State<Arc<RouterState>>, headers: HeaderMap, b
     if current != expected {
         return version_conflict(current);
     }
-    let spec = match crate::state::parse_policy_text(&body) {
+    let spec = match crate::state::parse_policy_bounded(body).await {
         Ok(spec) => spec,
         Err(spec_error) => return invalid_spec(&spec_error),
     };

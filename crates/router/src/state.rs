@@ -211,13 +211,32 @@ impl PolicyVersion {
 }
 
 /// Reads a policy spec sent to the router (an admin PUT's body or an etcd value): UTF-8 JSON or YAML,
-/// checked by fleet-policy. Both ways in go through here and [`RouterState::put_policy`]'s swap.
+/// checked by fleet-policy (its size and nesting first, then the parse). Synchronous: the async ways in
+/// call [`parse_policy_bounded`].
 pub fn parse_policy_text(body: &[u8]) -> Result<PolicySpec, SpecError> {
+    fleet_policy::check_spec_text(body)?;
     let text = std::str::from_utf8(body).map_err(|_| SpecError::Parse {
         format: "JSON or YAML",
         message: "the body is not UTF-8".to_owned(),
     })?;
     text.parse::<PolicySpec>()
+}
+
+/// [`parse_policy_text`] as both ways in (the admin PUT and the etcd watcher) run it: the size and nesting
+/// checks on the caller's thread (one linear pass, refusing at once), the parse on a blocking thread within
+/// [`fleet_policy::SPEC_PARSE_DEADLINE`], so no spec text holds the threads that serve traffic.
+pub async fn parse_policy_bounded(body: bytes::Bytes) -> Result<PolicySpec, SpecError> {
+    fleet_policy::check_spec_text(&body)?;
+    let deadline = fleet_policy::SPEC_PARSE_DEADLINE;
+    let parse = tokio::task::spawn_blocking(move || parse_policy_text(&body));
+    match tokio::time::timeout(deadline, parse).await {
+        Ok(Ok(parsed)) => parsed,
+        Ok(Err(_)) => Err(SpecError::Parse {
+            format: "JSON or YAML",
+            message: "the parser stopped unexpectedly".to_owned(),
+        }),
+        Err(_) => Err(SpecError::TooSlow { limit_ms: deadline.as_millis() as u64 }),
+    }
 }
 
 /// A recorded pick, as `GET /admin/decisions` lists it.
@@ -492,19 +511,26 @@ impl RouterState {
     }
 
     /// Puts the value of the policy key at etcd revision `mod_revision` in force, validated exactly as an
-    /// admin PUT. `Ok(None)`: that revision (or a newer one) is in force already. An invalid value leaves
-    /// the policy in force.
+    /// admin PUT (bounded: [`parse_policy_bounded`]). `Ok(None)`: that revision (or a newer one) is in force
+    /// already. An invalid value leaves the policy in force.
     pub async fn apply_etcd_policy(
         &self,
         mod_revision: i64,
         value: &[u8],
     ) -> Result<Option<Arc<PolicyVersion>>, PolicyChangeError> {
-        let mut admin = self.admin.lock().await;
-        let current = self.policy.load_full();
-        if current.store_revision.is_some_and(|in_force| in_force >= mod_revision) {
+        let in_force = |state: &Self| state.policy.load().store_revision.is_some_and(|r| r >= mod_revision);
+        if in_force(self) {
             return Ok(None);
         }
-        let spec = parse_policy_text(value).map_err(PolicyChangeError::Invalid)?;
+        // Parsed before the admin lock is taken, so a slow value never holds other admin changes.
+        let spec = parse_policy_bounded(bytes::Bytes::copy_from_slice(value))
+            .await
+            .map_err(PolicyChangeError::Invalid)?;
+        let mut admin = self.admin.lock().await;
+        if in_force(self) {
+            return Ok(None);
+        }
+        let current = self.policy.load_full();
         let mut next = PolicyVersion::new(current.version + 1, spec, Some(current.version))
             .map_err(PolicyChangeError::Invalid)?;
         next.store_revision = Some(mod_revision);

@@ -37,6 +37,26 @@ pub fn artifacts_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The resident set size of process `pid` in bytes (`VmRSS` in `/proc/PID/status`): what tests that bound a
+/// program's memory measure.
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))?;
+    Ok(kib * 1024)
+}
+
+/// Open file descriptors of process `pid` (entries of `/proc/PID/fd`).
+pub fn open_fds(pid: u32) -> Result<usize> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .with_context(|| format!("cannot list /proc/{pid}/fd"))?
+        .count())
+}
+
 /// A child process, killed with every process it started when dropped.
 ///
 /// Children run in their own process group so that helpers they spawn (tauri-driver starts

@@ -345,7 +345,7 @@ impl WhatIf {
     /// a router that cannot be read is reported and the others replayed; the engine profile comes from the
     /// replicas' metrics unless the operator picks one.
     pub async fn start(&self, args: WhatIfArgs) -> Result<WhatIfStatus, ApiError> {
-        let candidate = crate::rollout::editor::spec_or_api_error(&args.text)?;
+        let candidate = crate::rollout::spec_or_api_error(&args.text).await?;
         if !(10..=86_400).contains(&args.window_s) {
             return Err(ApiError::new(
                 "bad_request",
