@@ -14,9 +14,9 @@
 //! or after `T` (Unix ms) and were recorded after record number `N`. Its headers carry the cursor for the
 //! next call (`x-fleet-trace-next`), the router's start (`x-fleet-trace-epoch`: numbers restart with it)
 //! and, when the reader came back too late, how many records the ring dropped (`x-fleet-trace-missed`).
-//! A page holds at most `limit` records ([`TRACE_PAGE_DEFAULT`], at most [`TRACE_PAGE_MAX`]); a page cut
-//! there says how many more match (`x-fleet-trace-more`) and its `x-fleet-trace-next` is its last record,
-//! so a reader follows the cursor until `more` is 0.
+//! A page holds at most `limit` records ([`TRACE_PAGE_DEFAULT`], at most [`TRACE_PAGE_MAX`]) and at most
+//! [`TRACE_PAGE_MAX_BYTES`]; a page cut at either says how many more match (`x-fleet-trace-more`) and its
+//! `x-fleet-trace-next` is its last record, so a reader follows the cursor until `more` is 0.
 
 use std::sync::Arc;
 
@@ -350,7 +350,10 @@ async fn get_decisions(
 ) -> Response {
     let decisions = match query.request_id {
         Some(id) => state.decision_of(id).into_iter().collect(),
-        None => state.recent_decisions(query.limit.unwrap_or(50).min(state.config.decisions_capacity)),
+        None => state.recent_decisions(
+            query.limit.unwrap_or(50).min(state.config.decisions_capacity),
+            DECISIONS_PAGE_MAX_BYTES,
+        ),
     };
     let decisions: Vec<&crate::state::DecisionRecord> = decisions.iter().map(AsRef::as_ref).collect();
     axum::Json(decisions).into_response()
@@ -368,6 +371,13 @@ pub const TRACE_MORE_HEADER: HeaderName = HeaderName::from_static("x-fleet-trace
 pub const TRACE_PAGE_DEFAULT: usize = 10_000;
 /// Most records per `/admin/trace` page.
 pub const TRACE_PAGE_MAX: usize = 50_000;
+/// Most bytes of one `/admin/trace` page (by [`crate::recording::weight`], an upper bound of the JSON):
+/// a page of heavy records stops early and says how many more there are, so a reader pages through any
+/// ring with bounded answers. One record always comes (at most 1.4 MB: its hashes are bounded too).
+pub const TRACE_PAGE_MAX_BYTES: usize = 4 << 20;
+/// Most bytes of one `/admin/decisions` answer (by [`crate::state::DecisionRecord::weight`]): fewer
+/// decisions than asked come when they are heavy (a large fleet's candidates), the newest first.
+pub const DECISIONS_PAGE_MAX_BYTES: usize = 4 << 20;
 
 #[derive(Deserialize)]
 struct TraceQuery {
@@ -381,7 +391,8 @@ struct TraceQuery {
 
 async fn get_trace(State(state): State<Arc<RouterState>>, Query(query): Query<TraceQuery>) -> Response {
     let limit = query.limit.unwrap_or(TRACE_PAGE_DEFAULT).clamp(1, TRACE_PAGE_MAX);
-    let page = state.recorder.page(query.since.unwrap_or(0), query.after.unwrap_or(0), limit);
+    let page =
+        state.recorder.page(query.since.unwrap_or(0), query.after.unwrap_or(0), limit, TRACE_PAGE_MAX_BYTES);
     let mut body = Vec::with_capacity(page.records.len() * 200);
     for record in &page.records {
         if fleet_trace::write_record(&mut body, record).is_err() {

@@ -264,6 +264,32 @@ pub struct DecisionRecord {
     pub error: Option<String>,
 }
 
+impl DecisionRecord {
+    /// An upper bound of its size, as JSON and in memory (as [`crate::recording::weight`] is for a trace
+    /// record): fixed fields, 256 bytes a candidate, 6 bytes a byte of text.
+    pub fn weight(&self) -> usize {
+        let decision = &self.decision;
+        let text = self.model.as_ref().map_or(0, String::len)
+            + self.replica.len()
+            + self.policy.len()
+            + decision.policy.len()
+            + decision.reason.len()
+            + decision.notes.iter().map(String::len).sum::<usize>()
+            + decision.candidates.iter().filter_map(|c| c.note.as_ref()).map(String::len).sum::<usize>()
+            + self.attempts.iter().map(String::len).sum::<usize>()
+            + self.error.as_ref().map_or(0, String::len);
+        384 + 256 * decision.candidates.len() + 6 * text
+    }
+}
+
+/// The decision log: the records and what they weigh.
+#[derive(Debug, Default)]
+struct DecisionLog {
+    records: VecDeque<Arc<DecisionRecord>>,
+    /// The sum of the records' [`DecisionRecord::weight`]s.
+    bytes: usize,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct HeatEntry {
     ts_ms: u64,
@@ -305,7 +331,7 @@ pub struct RouterState {
     pub metrics: Metrics,
     /// Traffic recording.
     pub recorder: Recorder,
-    decisions: Mutex<VecDeque<Arc<DecisionRecord>>>,
+    decisions: Mutex<DecisionLog>,
     heat: Mutex<HeatWindow>,
     /// Client for probes and model lookups (off the hot path).
     pub client: reqwest::Client,
@@ -346,7 +372,10 @@ impl RouterState {
             }),
             metrics: Metrics::default(),
             recorder,
-            decisions: Mutex::new(VecDeque::with_capacity(decisions_capacity.min(4096))),
+            decisions: Mutex::new(DecisionLog {
+                records: VecDeque::with_capacity(decisions_capacity.min(4096)),
+                bytes: 0,
+            }),
             heat: Mutex::new(HeatWindow::default()),
             client,
             tokenizer,
@@ -602,21 +631,43 @@ impl RouterState {
                 matched_blocks: matched,
             });
         }
-        let mut decisions = lock(&self.decisions);
-        if decisions.len() >= self.config.decisions_capacity {
-            decisions.pop_front();
+        let added = record.weight();
+        let mut log = lock(&self.decisions);
+        while log.records.len() >= self.config.decisions_capacity
+            || (!log.records.is_empty() && log.bytes + added > self.config.decisions_max_bytes)
+        {
+            let Some(oldest) = log.records.pop_front() else { break };
+            log.bytes -= oldest.weight();
         }
-        decisions.push_back(Arc::new(record));
+        log.bytes += added;
+        log.records.push_back(Arc::new(record));
     }
 
-    /// The newest `limit` decisions, newest first.
-    pub fn recent_decisions(&self, limit: usize) -> Vec<Arc<DecisionRecord>> {
-        lock(&self.decisions).iter().rev().take(limit).cloned().collect()
+    /// The newest `limit` decisions, newest first, at most `max_bytes` of them by
+    /// [`DecisionRecord::weight`] (but always the newest one).
+    pub fn recent_decisions(&self, limit: usize, max_bytes: usize) -> Vec<Arc<DecisionRecord>> {
+        let log = lock(&self.decisions);
+        let mut bytes = 0usize;
+        let mut page = Vec::new();
+        for record in log.records.iter().rev().take(limit) {
+            bytes += record.weight();
+            if !page.is_empty() && bytes > max_bytes {
+                break;
+            }
+            page.push(record.clone());
+        }
+        page
+    }
+
+    /// What the decision log holds: records and their summed [`DecisionRecord::weight`].
+    pub fn decisions_held(&self) -> (usize, usize) {
+        let log = lock(&self.decisions);
+        (log.records.len(), log.bytes)
     }
 
     /// The decision for request `request_id`, if the log still holds it.
     pub fn decision_of(&self, request_id: u64) -> Option<Arc<DecisionRecord>> {
-        lock(&self.decisions).iter().rev().find(|record| record.request_id == request_id).cloned()
+        lock(&self.decisions).records.iter().rev().find(|record| record.request_id == request_id).cloned()
     }
 
     /// The `/admin/state` document.

@@ -38,6 +38,89 @@ async fn router_process(
     Ok((process, url, dir))
 }
 
+#[tokio::test]
+async fn client_data_of_unbounded_size_stays_out_of_the_routers_memory_and_pages() -> Result<()> {
+    // A replica of unknown model (so any model name is forwarded, as before a replica's model is learned)
+    // that refuses bodies over 4 MiB as an engine refuses a prompt beyond its context.
+    let replica = refusing_replica(4 << 20).await?;
+    let (process, url, _dir) = router_process(&replica.url(), &[]).await?;
+    let pid = process.child.id().context("the router has no pid")?;
+    let http = client();
+    let complete = |model: String, prompt: String| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            let body = json!({"model": model, "prompt": prompt, "max_tokens": 1});
+            let answer = http.post(format!("{url}/v1/completions")).json(&body).send().await?;
+            anyhow::Ok(answer.status().as_u16())
+        }
+    };
+    // Warm up, with two of the large prompts too: the allocator reaches the peak a 15 MiB request needs in
+    // flight (its body, its blocks), so what grows after is what the router keeps.
+    let huge_prompt = "p".repeat(15 * MIB as usize);
+    for i in 0..20 {
+        assert_eq!(complete("m".into(), format!("warm up {i}")).await?, 200);
+    }
+    for _ in 0..2 {
+        assert_eq!(complete("m".into(), huge_prompt.clone()).await?, 400, "the replica refuses it");
+    }
+    let before = rss_bytes(pid)?;
+
+    // The attack: 100 requests with a 1 MiB model name (was: 18 MB -> 258 MB RSS), then 12 prompts of
+    // 15 MiB the replica refuses (was: every block hash kept, a 74 MB trace page).
+    let huge_model = "m".repeat(MIB as usize);
+    for _ in 0..100 {
+        assert_eq!(complete(huge_model.clone(), "hi".into()).await?, 200);
+    }
+    let after_models = rss_bytes(pid)?;
+    for _ in 0..12 {
+        assert_eq!(complete("m".into(), huge_prompt.clone()).await?, 400, "the replica refuses it");
+    }
+    let after_prompts = rss_bytes(pid)?;
+
+    let page = http.get(format!("{url}/admin/trace?limit=10000")).bearer_auth(TOKEN).send().await?;
+    assert_eq!(page.status(), 200);
+    let page = page.bytes().await?;
+    let records = trace_lines(&page)?;
+    let decisions = http
+        .get(format!("{url}/admin/decisions?limit=1000"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?
+        .bytes()
+        .await?;
+    eprintln!(
+        "router RSS: {:.1} MB before, {:.1} MB after 100 x 1 MiB model names, {:.1} MB after 12 x 15 MiB \
+         refused prompts; /admin/trace?limit=10000 is {} bytes ({} records), /admin/decisions?limit=1000 {} bytes",
+        before as f64 / 1e6,
+        after_models as f64 / 1e6,
+        after_prompts as f64 / 1e6,
+        page.len(),
+        records.len(),
+        decisions.len(),
+    );
+    // Limits: RSS grows by less than 64 MB over the whole attack (the model names alone grew it by 240 MB;
+    // 15 MiB requests in flight leave the allocator up to about 20 MB it keeps for reuse); the whole trace is
+    // under 1 MB (it was a 74 MB page: the refused prompts' hashes, which also weighed 24 MB in the ring);
+    // the decision log under 2 MB.
+    assert!(after_prompts < before + 64 * MIB, "RSS {before} -> {after_models} -> {after_prompts}");
+    assert!(page.len() < MIB as usize, "the trace page is {} bytes", page.len());
+    assert!(decisions.len() < 2 * MIB as usize, "the decisions are {} bytes", decisions.len());
+    // What is kept is still useful: every request is there, its model cut and marked, refused prompts counted
+    // but without their hashes.
+    assert_eq!(records.len(), 20 + 2 + 100 + 12);
+    let cut = records.iter().filter(|r| r["model"].as_str().is_some_and(|m| m.ends_with("..."))).count();
+    assert_eq!(cut, 100);
+    assert!(records.iter().all(|r| r["model"].as_str().is_none_or(|m| m.len() <= 260)));
+    let refused: Vec<&Value> = records.iter().filter(|r| r["status"] == 400).collect();
+    assert_eq!(refused.len(), 2 + 12);
+    assert!(
+        refused.iter().all(|r| r["hash_ids"].as_array().is_some_and(Vec::is_empty)),
+        "refused: no hashes"
+    );
+    assert!(refused.iter().all(|r| r["input_length"].as_u64() > Some(1_000_000)), "refused: still counted");
+    Ok(())
+}
 
 /// The JSON lines of a trace page.
 fn trace_lines(page: &[u8]) -> Result<Vec<Value>> {
@@ -48,6 +131,57 @@ fn trace_lines(page: &[u8]) -> Result<Vec<Value>> {
         .collect()
 }
 
+#[tokio::test]
+async fn a_ring_of_heavy_records_is_read_in_bounded_pages() -> Result<()> {
+    // Prompts the replica serves, each of the most blocks a record keeps (a million-token prompt).
+    let replica = refusing_replica(64 << 20).await?;
+    let router = router(RouterConfig {
+        replicas: vec![replica.url()],
+        admin_token: Some(TOKEN.into()),
+        max_body_bytes: 32 << 20,
+        ..RouterConfig::default()
+    })
+    .await?;
+    let http = client();
+    let prompt = "q".repeat(5 * MIB as usize);
+    for _ in 0..12 {
+        let body = json!({"prompt": prompt, "max_tokens": 1});
+        let answer = http.post(format!("{}/v1/completions", router.url)).json(&body).send().await?;
+        assert_eq!(answer.status(), 200);
+    }
+    let (held, bytes) = router.state.recorder.held();
+    assert_eq!(held, 12);
+    // Limit: the ring weighs at most its byte budget (64 MiB by default).
+    assert!(bytes <= 64 << 20, "{bytes}");
+    let mut after = 0;
+    let mut pages = 0;
+    let mut read = 0;
+    loop {
+        let answer = http
+            .get(format!("{}/admin/trace?after={after}&limit=10000", router.url))
+            .bearer_auth(TOKEN)
+            .send()
+            .await?;
+        let header = |name: &str| -> Result<u64> {
+            Ok(answer.headers().get(name).context("no paging header")?.to_str()?.parse()?)
+        };
+        let (next, more) = (header("x-fleet-trace-next")?, header("x-fleet-trace-more")?);
+        let body = answer.bytes().await?;
+        // Limit: a page is at most 4 MiB of JSON plus one record (each at most 1.4 MB).
+        assert!(body.len() < 6 * MIB as usize, "a page of {} bytes", body.len());
+        let records = trace_lines(&body)?;
+        assert!(records.iter().all(|r| r["hash_ids"].as_array().is_some_and(|h| h.len() == 65_536)));
+        read += records.len();
+        pages += 1;
+        if more == 0 {
+            break;
+        }
+        after = next;
+    }
+    assert_eq!(read, 12, "every record is read");
+    assert!(pages > 1, "the records were split into pages");
+    Ok(())
+}
 
 #[tokio::test]
 async fn a_spec_built_to_be_slow_is_refused_at_once_while_traffic_flows() -> Result<()> {
