@@ -32,6 +32,8 @@ const POLICY_HISTORY: usize = 100;
 const HEAT_ENTRIES: usize = 200_000;
 /// Prefix groups listed in `GET /admin/state`.
 const TOP_GROUPS: usize = 20;
+/// How often a replica of unknown model is asked its `/v1/models` while it answers probes.
+pub const MODEL_LOOKUP_EVERY: Duration = Duration::from_secs(2);
 
 /// Locks a std mutex, ignoring poisoning (every critical section here leaves the data consistent).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -77,6 +79,8 @@ pub struct Replica {
     pub connections: ReplicaConnections,
     /// The URL as a response header value (`x-fleet-replica`), built once.
     pub url_header: Option<axum::http::HeaderValue>,
+    /// When (router ms) its `/v1/models` may be asked again while its model is unknown.
+    next_model_lookup_ms: AtomicU64,
 }
 
 impl Replica {
@@ -415,10 +419,55 @@ impl RouterState {
             Some(model) => model.clone(),
             None => self.learn_model(&spec.url).await.unwrap_or_default(),
         };
+        self.install(spec, model, None).await
+    }
+
+    /// A replica that joined without a model (it was down, or its `/v1/models` did not answer) serves the
+    /// unknown group, which takes any model name. When it answers probes again, this asks its `/v1/models`
+    /// (at most every [`MODEL_LOOKUP_EVERY`]) and, once it names a model, moves the replica into that
+    /// model's group in one swap of the fleet view: same id, same counters, no moment without it. True when
+    /// it moved.
+    pub async fn learn_missing_model(self: &Arc<Self>, replica: &Arc<Replica>) -> bool {
+        if !replica.model.is_empty() || replica.spec.model.is_some() {
+            return false;
+        }
+        let now = self.now_ms();
+        let due = replica.next_model_lookup_ms.load(Ordering::Relaxed);
+        if now < due {
+            return false;
+        }
+        replica.next_model_lookup_ms.store(now + MODEL_LOOKUP_EVERY.as_millis() as u64, Ordering::Relaxed);
+        let Some(model) = self.learn_model(&replica.spec.url).await else { return false };
+        match self.install(replica.spec.clone(), model.clone(), Some(replica.clone())).await {
+            Ok(_) => {
+                tracing::info!(replica = %replica.spec.url, %model, "replica's model learned; it serves that model now");
+                true
+            }
+            Err(error) => {
+                tracing::debug!(replica = %replica.spec.url, %error, "the replica's model could not be applied");
+                false
+            }
+        }
+    }
+
+    /// Puts a replica of `spec` serving `model` into the fleet, in place of `previous` when given (the same
+    /// URL regrouped: it keeps its id and counters and is taken out of its old group in the same swap).
+    async fn install(
+        self: &Arc<Self>,
+        spec: ReplicaSpec,
+        model: String,
+        previous: Option<Arc<Replica>>,
+    ) -> Result<Arc<Replica>, AddReplicaError> {
         let mut admin = self.admin.lock().await;
         let current = self.fleet.load_full();
-        if current.replicas.iter().any(|replica| replica.spec.url == spec.url) {
-            return Err(AddReplicaError::Exists(spec.url));
+        let in_fleet = current.replicas.iter().find(|replica| replica.spec.url == spec.url);
+        match (&previous, in_fleet) {
+            (None, Some(_)) => return Err(AddReplicaError::Exists(spec.url)),
+            // Removed (or regrouped) meanwhile: nothing to move.
+            (Some(previous), found) if !found.is_some_and(|r| Arc::ptr_eq(r, previous)) => {
+                return Err(AddReplicaError::Exists(spec.url));
+            }
+            _ => {}
         }
         let timeouts = Timeouts {
             connect: self.config.connect_timeout,
@@ -431,23 +480,38 @@ impl RouterState {
         let url_header = axum::http::HeaderValue::from_str(&spec.url).ok();
         let requests = self.metrics.requests_of(&spec.url);
         let first_byte = self.metrics.first_byte_of(&spec.url);
+        let carried = |counter: fn(&Replica) -> &AtomicU64| {
+            AtomicU64::new(previous.as_deref().map_or(0, |p| counter(p).load(Ordering::Relaxed)))
+        };
         let replica = Arc::new(Replica {
             id,
             spec,
             model: model.clone(),
-            healthy: AtomicBool::new(true),
+            healthy: AtomicBool::new(previous.as_deref().is_none_or(Replica::healthy)),
             health: Mutex::new(HealthTracker::new(self.config.health.fall, self.config.health.rise)),
-            routed_total: AtomicU64::new(0),
-            errors_total: AtomicU64::new(0),
+            routed_total: carried(|r| &r.routed_total),
+            errors_total: carried(|r| &r.errors_total),
             requests,
             first_byte,
-            kv_events: AtomicU64::new(0),
-            kv_resyncs: AtomicU64::new(0),
+            kv_events: carried(|r| &r.kv_events),
+            kv_resyncs: carried(|r| &r.kv_resyncs),
             removed: self.shutdown.child_token(),
             connections,
             url_header,
+            next_model_lookup_ms: AtomicU64::new(0),
         });
         let mut groups = current.groups.clone();
+        let mut replicas = current.replicas.clone();
+        if let Some(previous) = &previous {
+            // Out of its old group first: its engine never picks it again, and an emptied group goes.
+            if let Some(group) = groups.get(&previous.model) {
+                lock(&group.engine).engine.remove_replica(previous.id);
+            }
+            replicas.retain(|r| !Arc::ptr_eq(r, previous));
+            if !replicas.iter().any(|r| r.model == previous.model) {
+                groups.remove(&previous.model);
+            }
+        }
         // Publish the view first, then teach the engine: a pick never names a replica the view lacks.
         let group = match groups.get(&model) {
             Some(group) => group.clone(),
@@ -466,17 +530,27 @@ impl RouterState {
                 group
             }
         };
-        let mut replicas = current.replicas.clone();
         replicas.push(replica.clone());
         self.fleet.store(Arc::new(FleetView { replicas, groups }));
-        lock(&group.engine).engine.add_replica(id);
+        {
+            let mut engine = lock(&group.engine);
+            engine.engine.add_replica(id);
+            if !replica.healthy() {
+                let _ = engine.engine.set_health(id, false);
+            }
+        }
         drop(admin);
+        if let Some(previous) = &previous {
+            previous.removed.cancel();
+        }
         if replica.spec.kv_events.is_some() {
             crate::kv_events::spawn_subscriber(self.clone(), replica.clone());
         }
         Ok(replica)
     }
 
+    /// The model a replica's `/v1/models` names first; `None` when it does not answer, or names none, or a
+    /// name longer than any model's ([`crate::recording::MAX_KEPT_NAME_BYTES`]).
     async fn learn_model(&self, url: &str) -> Option<String> {
         let response =
             self.client.get(format!("{url}/v1/models")).timeout(Duration::from_secs(2)).send().await.ok()?;
@@ -485,7 +559,8 @@ impl RouterState {
         }
         let body = crate::proxy::read_limited(response, 1 << 20).await.ok()?;
         let models: serde_json::Value = serde_json::from_slice(&body).ok()?;
-        models["data"][0]["id"].as_str().map(str::to_owned)
+        let model = models["data"][0]["id"].as_str()?;
+        (!model.is_empty() && model.len() <= crate::recording::MAX_KEPT_NAME_BYTES).then(|| model.to_owned())
     }
 
     /// Removes a replica; requests in flight on it finish. Returns it, or `None` when unknown.
@@ -833,6 +908,9 @@ pub async fn probe_loop(state: Arc<RouterState>) {
                     Ok(response) if response.status().is_success()
                 );
                 state.observe_health(&replica, ok);
+                if ok {
+                    state.learn_missing_model(&replica).await;
+                }
             }
         });
         futures_util::future::join_all(probes).await;

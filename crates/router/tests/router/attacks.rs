@@ -253,5 +253,43 @@ async fn a_slow_spec_written_to_the_etcd_key_is_refused_and_counted() -> Result<
     Ok(())
 }
 
+#[tokio::test]
+async fn a_replica_down_at_start_gets_its_model_when_it_comes_up() -> Result<()> {
+    // The replica's port is bound but nothing answers on it yet: the router starts without its model.
+    let listener = fleet_test_support::loopback_listener().await?;
+    let replica_url = format!("http://{}", listener.local_addr()?);
+    let router = router(RouterConfig {
+        replicas: vec![replica_url.clone()],
+        admin_token: Some(TOKEN.into()),
+        health: fleet_router::HealthConfig { interval: Duration::from_millis(100), ..Default::default() },
+        ..RouterConfig::default()
+    })
+    .await?;
+    let http = client();
+    let models: Value = http.get(format!("{}/v1/models", router.url)).send().await?.json().await?;
+    assert_eq!(models["data"], json!([]), "no model is known yet");
+
+    // It comes up.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _fleet =
+        fleet_sim::Fleet::spawn(vec![listener], fleet_sim::DEFAULT_MODEL, &ModelConfig::default(), &stop)?;
+    let _stop = stop.drop_guard();
+    eventually("the router to learn the replica's model", Duration::from_secs(30), || async {
+        let models: Value = http.get(format!("{}/v1/models", router.url)).send().await?.json().await?;
+        Ok((models["data"][0]["id"] == fleet_sim::DEFAULT_MODEL).then_some(()))
+    })
+    .await?;
+    // Now a model it does not serve is refused, not forwarded; its own is served.
+    let other = json!({"model": "m".repeat(1000), "prompt": "x", "max_tokens": 1});
+    let answer = http.post(format!("{}/v1/completions", router.url)).json(&other).send().await?;
+    assert_eq!(answer.status(), 404);
+    let own = json!({"model": fleet_sim::DEFAULT_MODEL, "prompt": "x", "max_tokens": 1});
+    let answer = http.post(format!("{}/v1/completions", router.url)).json(&own).send().await?;
+    assert_eq!(answer.status(), 200);
+    let replicas: Value = router.admin_get(&http, "/admin/replicas").await?;
+    assert_eq!(replicas[0]["model"], fleet_sim::DEFAULT_MODEL);
+    assert_eq!(replicas[0]["id"], 0, "the same replica, its id kept");
+    Ok(())
+}
 
 
