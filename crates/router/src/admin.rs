@@ -55,6 +55,15 @@ pub fn token_matches(configured: &str, presented: &str) -> bool {
     difference == 0
 }
 
+/// The credentials of an `Authorization: Bearer TOKEN` value. The scheme's name is case-insensitive
+/// (RFC 7235: `bearer`, `BEARER` and `Bearer` are one scheme) and may be followed by several blanks;
+/// `None` for any other scheme, or none.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    let value = authorization.trim();
+    let (scheme, token) = value.split_once([' ', '\t'])?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())
+}
+
 async fn require_token(State(state): State<Arc<RouterState>>, request: Request, next: Next) -> Response {
     let Some(configured) = &state.config.admin_token else {
         return error(
@@ -68,9 +77,9 @@ async fn require_token(State(state): State<Arc<RouterState>>, request: Request, 
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match presented {
-        Some(presented) if configured.matches(presented.trim()) => next.run(request).await,
+        Some(presented) if configured.matches(presented) => next.run(request).await,
         Some(_) => unauthorized("the bearer token is wrong; use the router's admin token"),
         None => unauthorized("missing `Authorization: Bearer TOKEN`; send the router's admin token"),
     }
@@ -419,6 +428,16 @@ async fn get_trace(State(state): State<Arc<RouterState>>, Query(query): Query<Tr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for value in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret ", " bEaReR\ts3cret"] {
+            assert_eq!(bearer_token(value), Some("s3cret"), "{value:?}");
+        }
+        for value in ["Basic s3cret", "Bearer", "Bearer ", "Bearers3cret", "s3cret", ""] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
+    }
 
     #[test]
     fn tokens_match_only_exactly() {

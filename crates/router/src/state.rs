@@ -359,6 +359,8 @@ impl RouterState {
             .pool_idle_timeout(Duration::from_secs(30))
             // Replicas are reached directly: a desktop's HTTP(S)_PROXY must not capture probes.
             .no_proxy()
+            // A probe or model lookup is about the replica at that URL: a redirect elsewhere is not followed.
+            .redirect(reqwest::redirect::Policy::none())
             .build()?;
         let first = PolicyVersion::new(1, config.policy.clone(), None)?;
         let recorder = Recorder::new(&config.record)?;

@@ -292,4 +292,47 @@ async fn a_replica_down_at_start_gets_its_model_when_it_comes_up() -> Result<()>
     Ok(())
 }
 
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() -> Result<()> {
+    let router = router(RouterConfig { admin_token: Some(TOKEN.into()), ..RouterConfig::default() }).await?;
+    let http = client();
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let answer = http
+            .get(format!("{}/admin/state", router.url))
+            .header("authorization", format!("{scheme} {TOKEN}"))
+            .send()
+            .await?;
+        assert_eq!(answer.status(), 200, "{scheme}");
+    }
+    let wrong = http
+        .get(format!("{}/admin/state", router.url))
+        .header("authorization", format!("bearer {TOKEN}x"))
+        .send()
+        .await?;
+    assert_eq!(wrong.status(), 401);
+    Ok(())
+}
 
+#[tokio::test]
+async fn hypers_own_answers_carry_a_request_id() -> Result<()> {
+    let router = router(RouterConfig::default()).await?;
+    let addr = router.url.trim_start_matches("http://").to_owned();
+    let long_header = format!("GET /health HTTP/1.1\r\nhost: r\r\nx-long: {}\r\n\r\n", "a".repeat(1 << 20));
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        ("a malformed header", b"GET /health HTTP/1.1\r\nhost r\r\n\r\n".to_vec(), "400"),
+        ("a bad method", b"G@T /health HTTP/1.1\r\nhost: r\r\n\r\n".to_vec(), "400"),
+        ("headers too large", long_header.into_bytes(), "431"),
+    ];
+    for (name, request, status) in cases {
+        let mut stream = TcpStream::connect(&addr).await?;
+        // The router may answer and close before all of a large request is written.
+        let _ = stream.write_all(&request).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        assert!(answer.starts_with(&format!("http/1.1 {status}")), "{name}: {answer}");
+        let id = answer.lines().find_map(|line| line.strip_prefix("x-fleet-request-id: "));
+        assert!(id.is_some_and(|id| id.trim().parse::<u64>().is_ok()), "{name}: {answer}");
+    }
+    Ok(())
+}
