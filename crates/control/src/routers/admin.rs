@@ -410,14 +410,26 @@ impl AdminClient {
         parse_state(&body).map_err(|detail| self.bad_body("/admin/state", detail))
     }
 
+    /// The newest `limit` decisions. An answer over [`MAX_ADMIN_BODY`] (heavy decisions, or a router that
+    /// does not bound its answers) is asked again for half as many, down to one: fewer decisions rather than
+    /// none.
     pub async fn decisions(
         &self,
         limit: u32,
         urls: &HashMap<String, String>,
     ) -> Result<Vec<DecisionEntry>, AdminError> {
-        let path = format!("/admin/decisions?limit={limit}");
-        let body = self.get(&path, MAX_ADMIN_BODY).await?;
-        parse_decisions(&self.url, &body, urls).map_err(|detail| self.bad_body(&path, detail))
+        let mut limit = limit.max(1);
+        loop {
+            let path = format!("/admin/decisions?limit={limit}");
+            match self.get(&path, MAX_ADMIN_BODY).await {
+                Ok(body) => {
+                    return parse_decisions(&self.url, &body, urls)
+                        .map_err(|detail| self.bad_body(&path, detail));
+                }
+                Err(AdminError::TooLarge { .. }) if limit > 1 => limit /= 2,
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     /// The records the router added after record number `after` (0: all it holds) that arrived at or after
@@ -426,10 +438,19 @@ impl AdminClient {
         self.trace_page(since_ms, after, TRACE_PAGE_RECORDS).await
     }
 
-    /// One page of at most `limit` records after record number `after`.
+    /// One page of at most `limit` records after record number `after`. A page over [`MAX_TRACE_BODY`]
+    /// (heavy records, or a router that does not bound its pages by bytes) is asked again for half as many
+    /// records, down to one: the reader pages on instead of failing the router.
     pub async fn trace_page(&self, since_ms: i64, after: u64, limit: usize) -> Result<TracePage, AdminError> {
-        let path = format!("/admin/trace?since={since_ms}&after={after}&limit={limit}");
-        let (headers, body) = self.get_with_headers(&path, MAX_TRACE_BODY).await?;
+        let mut limit = limit.max(1);
+        let (path, headers, body) = loop {
+            let path = format!("/admin/trace?since={since_ms}&after={after}&limit={limit}");
+            match self.get_with_headers(&path, MAX_TRACE_BODY).await {
+                Ok((headers, body)) => break (path, headers, body),
+                Err(AdminError::TooLarge { .. }) if limit > 1 => limit /= 2,
+                Err(error) => return Err(error),
+            }
+        };
         let number = |name: &str| headers.get(name).and_then(|value| value.to_str().ok()?.parse().ok());
         let records = parse_trace(&body).map_err(|detail| self.bad_body(&path, detail))?;
         Ok(TracePage {

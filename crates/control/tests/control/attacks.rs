@@ -1,0 +1,120 @@
+//! The attack round's findings against the app core, replayed over real HTTP on loopback: a router whose
+//! answers are larger than the app reads at once is paged through, not failed; what a fetched body says is
+//! never echoed; a redirect never takes a scrape or an admin call to another origin; two routers never share
+//! a token file.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::Query;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use fleet_test_support::endpoints::serve;
+use fleet_test_support::eventually;
+use fleetdeck_api::{AddEndpointArgs, EndpointKind, RemoveEndpointArgs};
+use fleetdeck_control::routers::admin::{AdminClient, MAX_ADMIN_BODY, MAX_TRACE_BODY};
+use fleetdeck_control::{Control, ControlConfig};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Deserialize)]
+struct Page {
+    #[serde(default)]
+    after: usize,
+    limit: usize,
+}
+
+/// A body of `count` copies of `line`, announced with its length (so a reader with a smaller limit
+/// refuses it before reading), produced as it is sent.
+fn repeated(line: Bytes, count: usize) -> Response {
+    let length = line.len() * count;
+    let stream = futures_util::stream::iter((0..count).map(move |_| Ok::<_, std::io::Error>(line.clone())));
+    let mut response = Body::from_stream(stream).into_response();
+    response.headers_mut().insert(header::CONTENT_LENGTH, length.into());
+    response
+}
+
+#[tokio::test]
+async fn a_router_with_pages_too_large_to_read_at_once_is_paged_not_failed() -> Result<()> {
+    // A router that bounds its pages by records only (as fleet-router did): 100 records of about 850 KB,
+    // 85 MB for a page of 10,000 (the app reads at most 64 MiB a page); and decisions of 200 KB each.
+    const RECORDS: usize = 100;
+    let ids: Vec<String> = (0..50_000u64).map(|i| (1_000_000_000_000_000 + i).to_string()).collect();
+    let record = format!(
+        "{{\"timestamp\": {}, \"input_length\": 800000, \"output_length\": 1, \"block_tokens\": 16, \"hash_ids\": [{}]}}\n",
+        fleetdeck_control_now_ms(),
+        ids.join(",")
+    );
+    let record = Bytes::from(record);
+    let asked = Arc::new(AtomicUsize::new(0));
+    let decision = Bytes::from(format!(
+        "{{\"ts_ms\": 1, \"request_id\": 1, \"replica\": \"r\", \"policy\": \"p\", \"decision\": {{\"replica\": 0, \
+         \"branch\": \"b\", \"reason\": \"{}\", \"candidates\": []}}}}",
+        "r".repeat(200_000)
+    ));
+    let trace = {
+        let (record, asked) = (record.clone(), asked.clone());
+        move |Query(page): Query<Page>| {
+            let (record, asked) = (record.clone(), asked.clone());
+            async move {
+                asked.fetch_add(1, Ordering::Relaxed);
+                let count = page.limit.min(RECORDS.saturating_sub(page.after));
+                let mut response = repeated(record, count);
+                let headers = response.headers_mut();
+                headers.insert("x-fleet-trace-next", (page.after + count).into());
+                headers.insert("x-fleet-trace-more", (RECORDS - page.after - count).into());
+                headers.insert("x-fleet-trace-epoch", 1.into());
+                response
+            }
+        }
+    };
+    let decisions = move |Query(page): Query<Page>| {
+        let decision = decision.clone();
+        async move {
+            let body = vec![decision; page.limit].join(&b","[..]);
+            ([(header::CONTENT_TYPE, "application/json")], [b"[".as_slice(), &body, b"]"].concat())
+        }
+    };
+    let router = serve(
+        Router::new()
+            .route("/admin/trace", get(trace))
+            .route("/admin/decisions", get(decisions))
+            .route("/admin/state", get(|| async { (StatusCode::OK, "{}") })),
+    )
+    .await?;
+    let client = AdminClient::new(http()?, &router.url(), Some("token".into()));
+
+    let window = client.trace_window(0, 500_000).await?;
+    assert_eq!(window.records.len(), RECORDS, "every record was read");
+    assert!(window.pages >= 2, "in more than one page: {}", window.pages);
+    assert!(record.len() * 10_000 > MAX_TRACE_BODY, "the first page asked for was over the app's limit");
+    eprintln!("{} records in {} pages after {} asks", RECORDS, window.pages, asked.load(Ordering::Relaxed));
+
+    let entries = client.decisions(50, &Default::default()).await?;
+    assert!(!entries.is_empty() && entries.len() < 50, "fewer decisions, not none: {}", entries.len());
+    assert!(entries.len() * 200_000 <= MAX_ADMIN_BODY);
+    Ok(())
+}
+
+fn http() -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?)
+}
+
+fn fleetdeck_control_now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The app core with nothing to watch, its files in a temporary folder.
+async fn control(dir: &std::path::Path) -> Result<(Control, tokio_util::sync::DropGuard)> {
+    let stop = CancellationToken::new();
+    let config = ControlConfig::new(Vec::new(), dir.join("history.sqlite"));
+    let control = Control::start(config, stop.clone()).await?;
+    Ok((control, stop.drop_guard()))
+}
+
+
