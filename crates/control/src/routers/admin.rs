@@ -17,6 +17,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 pub(crate) use fleet_telemetry::{connect_detail, error_chain};
+/// serde's errors describe a fetched body without repeating it (whatever answers at an operator-typed URL
+/// must not come back through the app).
+pub(crate) use fleet_trace::json_error_shape;
 
 /// Why a router's answer body could not be read.
 #[derive(Debug)]
@@ -217,7 +220,7 @@ struct WireCandidate {
 
 /// Parses `/admin/state`.
 pub fn parse_state(body: &[u8]) -> Result<RouterState, String> {
-    serde_json::from_slice(body).map_err(|e| e.to_string())
+    serde_json::from_slice(body).map_err(|e| json_error_shape(&e))
 }
 
 /// Parses `/admin/decisions` into the UI's entries, naming replicas by URL where the router's
@@ -227,7 +230,7 @@ pub fn parse_decisions(
     body: &[u8],
     urls: &HashMap<String, String>,
 ) -> Result<Vec<DecisionEntry>, String> {
-    let wire: Vec<WireDecisionEntry> = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let wire: Vec<WireDecisionEntry> = serde_json::from_slice(body).map_err(|e| json_error_shape(&e))?;
     let name = |id: &str| urls.get(id).cloned().unwrap_or_else(|| id.to_owned());
     Ok(wire
         .into_iter()
@@ -335,8 +338,9 @@ struct WirePolicy {
 
 /// Parses `GET /admin/policy` (and the 200 answers of PUT and rollback).
 pub fn parse_policy(body: &[u8]) -> Result<ActivePolicy, String> {
-    let wire: WirePolicy = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-    let spec: PolicySpec = serde_json::from_value(wire.spec).map_err(|e| format!("spec: {e}"))?;
+    let wire: WirePolicy = serde_json::from_slice(body).map_err(|e| json_error_shape(&e))?;
+    let spec: PolicySpec =
+        serde_json::from_value(wire.spec).map_err(|e| format!("spec: {}", json_error_shape(&e)))?;
     Ok(ActivePolicy { version: wire.version, spec })
 }
 

@@ -117,4 +117,80 @@ async fn control(dir: &std::path::Path) -> Result<(Control, tokio_util::sync::Dr
     Ok((control, stop.drop_guard()))
 }
 
+#[tokio::test]
+async fn a_fetched_body_is_never_echoed_and_redirects_stay_on_the_origin() -> Result<()> {
+    // Another port the redirects point to: it must never be asked anything.
+    let elsewhere_hits = Arc::new(AtomicUsize::new(0));
+    let elsewhere = {
+        let hits = elsewhere_hits.clone();
+        let count = move || {
+            let hits = hits.clone();
+            async move {
+                hits.fetch_add(1, Ordering::Relaxed);
+                "vllm:num_requests_running 1\n"
+            }
+        };
+        serve(Router::new().route("/metrics", get(count.clone())).route("/admin/state", get(count))).await?
+    };
+    let away = format!("{}/metrics", elsewhere.url());
+    let away_state = format!("{}/admin/state", elsewhere.url());
+    const SECRET: &str = "SOME-TEXT-7f3a";
+    let endpoint = serve(
+        Router::new()
+            // A "router" whose state is a string where the app expects an object (serde quoted it back).
+            .route("/admin/state", get(|| async { format!(r#"{{"policy":"{SECRET}"}}"#) }))
+            .route("/metrics", get(move || async move { (StatusCode::FOUND, [(header::LOCATION, away)]) }))
+            .route(
+                "/moved/admin/state",
+                get(move || async move { (StatusCode::FOUND, [(header::LOCATION, away_state)]) }),
+            )
+            // A redirect within the origin is followed.
+            .route(
+                "/here/metrics",
+                get(|| async { (StatusCode::FOUND, [(header::LOCATION, "/real/metrics")]) }),
+            )
+            .route(
+                "/real/metrics",
+                get(|| async { "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n" }),
+            ),
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let (control, _stop) = control(dir.path()).await?;
+    let add = |kind: EndpointKind, url: String, token: Option<&str>| {
+        let settings = control.settings().clone();
+        let token = token.map(str::to_owned);
+        async move { settings.add_endpoint(AddEndpointArgs { kind, url, token }).await }
+    };
+
+    let router = add(EndpointKind::Router, endpoint.url(), Some("t")).await?;
+    let said = serde_json::to_string(&router)?;
+    assert!(!said.contains(SECRET), "the body came back: {said}");
+    assert!(router.error.as_deref().is_some_and(|e| e.contains("expected struct")), "{said}");
+
+    let replica = add(EndpointKind::Replica, endpoint.url(), None).await?;
+    let said = serde_json::to_string(&replica)?;
+    assert!(
+        replica.error.as_deref().is_some_and(|e| e.contains("302")),
+        "the redirect is not followed: {said}"
+    );
+    let moved = add(EndpointKind::Router, format!("{}/moved", endpoint.url()), Some("t")).await?;
+    assert!(moved.error.as_deref().is_some_and(|e| e.contains("302")), "{moved:?}");
+    // The app's scrapes of the replica keep running; give them a few rounds to go astray.
+    let snapshot = eventually("a few scrapes of the redirecting replica", Duration::from_secs(20), || async {
+        let snapshot = control.fleet().snapshot(Default::default()).await?;
+        let failures = snapshot
+            .replicas
+            .iter()
+            .filter(|r| matches!(&r.scrape, fleetdeck_api::ScrapeState::Error { message, .. } if message.contains("302")))
+            .count();
+        Ok((failures > 0).then_some(snapshot))
+    })
+    .await?;
+    assert!(!serde_json::to_string(&snapshot)?.contains(SECRET));
+    let followed = add(EndpointKind::Replica, format!("{}/here/metrics", endpoint.url()), None).await?;
+    assert_eq!(followed.error, None, "a redirect within the origin is followed: {followed:?}");
+    assert_eq!(elsewhere_hits.load(Ordering::Relaxed), 0, "a redirect took a request to another port");
+    Ok(())
+}
 
