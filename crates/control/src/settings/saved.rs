@@ -119,13 +119,31 @@ pub fn validate_interval(seconds: f64) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-/// The token file of router `url` inside `dir`: a readable, unique name per router.
+/// Longest escaped URL in a token file's name; a longer URL is cut there and given its hash.
+const MAX_TOKEN_STEM: usize = 160;
+
+/// The token file of router `url` inside `dir`: a readable name, and one no other URL gets. Letters,
+/// digits, `.` and `-` stay; every other byte is written `_XX` (its hex), `_` included, so the escaping
+/// can be undone and two URLs never share a file (`.../a/b` and `.../a_b` did when both became `_`). A URL
+/// too long for a file name keeps its first bytes and adds `~` and a 64-bit FNV-1a hash of the whole URL.
 pub fn token_file_for(dir: &Path, url: &str) -> PathBuf {
-    let stem: String = url
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
-        .collect();
-    dir.join(format!("router-{}.token", stem.trim_matches('_')))
+    let mut stem = String::with_capacity(url.len());
+    for byte in url.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'.' || byte == b'-' {
+            stem.push(char::from(byte));
+        } else {
+            stem.push_str(&format!("_{byte:02X}"));
+        }
+    }
+    if stem.len() > MAX_TOKEN_STEM {
+        // The escaped text is ASCII: any byte is a character boundary.
+        stem.truncate(MAX_TOKEN_STEM);
+        let hash = url.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        stem.push_str(&format!("~{hash:016x}"));
+    }
+    dir.join(format!("router-{stem}.token"))
 }
 
 #[cfg(test)]
@@ -183,8 +201,17 @@ mod tests {
     }
 
     #[test]
-    fn token_files_are_named_after_the_router() {
+    fn token_files_are_named_after_the_router_and_never_shared() {
         let path = token_file_for(Path::new("/d"), "http://127.0.0.1:8080");
-        assert_eq!(path, Path::new("/d/router-http___127.0.0.1_8080.token"));
+        assert_eq!(path, Path::new("/d/router-http_3A_2F_2F127.0.0.1_3A8080.token"));
+        // The attack: these two shared one file (`/` and `_` both became `_`).
+        let slash = token_file_for(Path::new("/d"), "http://127.0.0.1:27900/a/b");
+        let underscore = token_file_for(Path::new("/d"), "http://127.0.0.1:27900/a_b");
+        assert_ne!(slash, underscore);
+        let long =
+            |tail: &str| token_file_for(Path::new("/d"), &format!("http://h/{}{tail}", "x".repeat(300)));
+        assert_ne!(long("1"), long("2"), "long URLs differ by their hash");
+        let name = long("1").file_name().unwrap().len();
+        assert!(name < 255, "a file name fits: {name}");
     }
 }

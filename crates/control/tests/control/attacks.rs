@@ -194,3 +194,29 @@ async fn a_fetched_body_is_never_echoed_and_redirects_stay_on_the_origin() -> Re
     Ok(())
 }
 
+#[tokio::test]
+async fn two_routers_never_share_a_token_file() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (control, _stop) = control(dir.path()).await?;
+    let base = fleet_test_support::endpoints::unreachable_url().await?;
+    let (a, b) = (format!("{base}/a/b"), format!("{base}/a_b"));
+    let settings = control.settings().clone();
+    for (url, token) in [(&a, "token-of-a"), (&b, "token-of-b")] {
+        let args =
+            AddEndpointArgs { kind: EndpointKind::Router, url: url.clone(), token: Some(token.into()) };
+        settings.add_endpoint(args).await?;
+    }
+    let view = settings.view().await?;
+    let file_of = |url: &str| -> Result<std::path::PathBuf> {
+        let row = view.routers.iter().find(|r| r.url == url).context("router not listed")?;
+        Ok(row.token_file.clone().context("no token file")?.into())
+    };
+    let (file_a, file_b) = (file_of(&a)?, file_of(&b)?);
+    assert_ne!(file_a, file_b, "the two routers share a token file");
+    // Adding B left A's token alone; removing B leaves A's file.
+    assert_eq!(std::fs::read_to_string(&file_a)?, "token-of-a");
+    settings.remove_endpoint(RemoveEndpointArgs { kind: EndpointKind::Router, url: b.clone() }).await?;
+    assert!(!file_b.exists(), "B's own file goes with it");
+    assert_eq!(std::fs::read_to_string(&file_a)?, "token-of-a", "A's token survives B's removal");
+    Ok(())
+}
