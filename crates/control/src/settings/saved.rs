@@ -64,7 +64,8 @@ impl SavedSettings {
     }
 }
 
-/// Replaces `path` with `bytes` atomically: temp file beside it + fsync + rename + fsync of the folder.
+/// Replaces `path` with `bytes` atomically: temp file beside it (mode 0600) + fsync + rename + fsync of the
+/// folder.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,7 +78,12 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let temp =
         dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
     let written = (|| -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temp)?;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        // Readable by its owner only, as the token files it names (whatever the umask).
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&temp)?;
         file.write_all(bytes)?;
         file.sync_all()
     })();
@@ -187,6 +193,17 @@ mod tests {
         std::fs::write(&blocked, "x").unwrap();
         let err = SavedSettings::default().save(&blocked.join("settings.json")).unwrap_err();
         assert!(format!("{err:#}").contains("file-not-folder"), "{err:#}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_settings_file_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        SavedSettings::default().save(&path).unwrap();
+        // Whatever the umask (the attack found 0644 under 022).
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     }
 
     #[test]
