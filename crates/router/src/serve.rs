@@ -320,6 +320,19 @@ where
     serve_with(listener, routes, refusals, deadlines, shutdown).await;
 }
 
+/// Serves an axum `app` on `listener` with [`serve_with`]: how the fleetdeck app's headless server runs.
+pub async fn serve_router<L>(
+    listener: L,
+    app: Router,
+    refusals: Arc<dyn Refusals>,
+    deadlines: Deadlines,
+    shutdown: CancellationToken,
+) where
+    L: axum::serve::Listener,
+{
+    serve_with(listener, TowerToHyperService::new(app), refusals, deadlines, shutdown).await;
+}
+
 /// Serves any `service` on `listener` the way fleet-router serves its routes: headers within the header
 /// read timeout, at most `max_connections` at once (the rest answered by `refusals`), graceful shutdown.
 pub async fn serve_with<L, S>(
