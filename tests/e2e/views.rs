@@ -330,7 +330,8 @@ async fn settings_probe_added_endpoints_and_keep_router_tokens_out_of_sqlite() -
     })
     .await?;
     assert!(report.contains("cannot reach"), "{report}");
-    let token_file = db_dir.path().join("tokens").join("router-http___127.0.0.1_9.token");
+    let token_file =
+        fleetdeck_control::settings::token_file_for(&db_dir.path().join("tokens"), "http://127.0.0.1:9");
     assert_eq!(std::fs::read_to_string(&token_file)?, token);
     #[cfg(unix)]
     {

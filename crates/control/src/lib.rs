@@ -161,6 +161,8 @@ impl Control {
         let http = reqwest::Client::builder()
             .connect_timeout(config.limits.timeout)
             .pool_idle_timeout(Duration::from_secs(30))
+            // Scrapes, admin calls (with their tokens) and Prometheus queries stay on the URL's origin.
+            .redirect(fleet_telemetry::scrape::same_origin_redirects())
             .build()
             .context("cannot build the app's HTTP client")?;
         let interval = match saved.scrape_interval_s {

@@ -31,8 +31,9 @@ pub use replica::{ReplicaId, ReplicaNames};
 pub use request::{RequestId, RequestView};
 pub use spec::{
     CacheAwareParams, ConsistentHashParams, HashingParams, KvPreciseParams, LoadGuardParams, LoadMetric,
-    LoadParams, POLICY_NAMES, ParamDoc, ParamKind, PolicySpec, PrefixSource, ResolvedPolicy, SCHEMA_VERSION,
-    SpecError, WeightedScorersParams, param_docs, policy_summary,
+    LoadParams, MAX_SPEC_BYTES, MAX_SPEC_DEPTH, POLICY_NAMES, ParamDoc, ParamKind, PolicySpec, PrefixSource,
+    ResolvedPolicy, SCHEMA_VERSION, SPEC_PARSE_DEADLINE, SpecError, WeightedScorersParams, check_spec_text,
+    param_docs, policy_summary,
 };
 
 /// The CHWBL load bound, exposed so callers and tests can check it: a replica may take a request while

@@ -143,6 +143,9 @@ pub async fn forward(
             return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
         }
     };
+    // The model as the logs keep it: the group's own name, or (for replicas of unknown model) the client's
+    // name cut to a bounded length.
+    let mut model = input.model.as_deref().map(crate::recording::kept_name);
     let arrival_ms = unix_ms();
     let started = Instant::now();
 
@@ -207,7 +210,7 @@ pub async fn forward(
                 let first_block = view.block_hashes.first().copied();
                 let trace = trace_record(
                     view,
-                    &input.model,
+                    &model,
                     input.block_tokens,
                     arrival_ms,
                     &replica,
@@ -220,7 +223,8 @@ pub async fn forward(
                     DecisionRecord {
                         ts_ms: arrival_ms,
                         request_id,
-                        model: input.model.clone(),
+                        // Returned right after: the name moves into the log.
+                        model: model.take(),
                         replica: replica.spec.url.clone(),
                         policy: decision.policy.clone(),
                         policy_version,
@@ -263,7 +267,7 @@ pub async fn forward(
     if let Some(last) = fleet.replica(current) {
         let mut failed = trace_record(
             std::mem::take(&mut ticket.view),
-            &input.model,
+            &model,
             input.block_tokens,
             arrival_ms,
             last,
@@ -279,7 +283,7 @@ pub async fn forward(
         DecisionRecord {
             ts_ms: arrival_ms,
             request_id,
-            model: input.model,
+            model,
             replica,
             policy: decision.policy.clone(),
             policy_version,
@@ -574,6 +578,11 @@ impl Drop for Finish {
         trace.output_length = self.usage.output_tokens();
         trace.cached_tokens = self.usage.cached_tokens;
         trace.status = Some(status);
+        if (400..500).contains(&status) {
+            // The replica refused the prompt (too long, malformed): it cached nothing of it, and its hashes
+            // (a 15 MiB prompt has a quarter of a million) would only weigh on the ring and its readers.
+            trace.hash_ids = Vec::new();
+        }
         if self.broken {
             trace.error = Some("stream_broken".to_owned());
         } else if self.usage.error_event {

@@ -85,11 +85,38 @@ fn connect_error(url: &str, error: &reqwest::Error) -> ScrapeError {
     }
 }
 
-/// An HTTP client fit for scraping: connect deadline, kept-alive connections.
+/// Redirects followed within one request, at most.
+pub const MAX_REDIRECTS: usize = 5;
+
+/// The redirect policy of every client that reads what an operator pointed the app at (replicas, routers,
+/// Prometheus servers): a redirect is followed only within the first URL's origin (scheme, host and port),
+/// at most [`MAX_REDIRECTS`] times. A redirect elsewhere is not followed: the answer is the 3xx itself, an
+/// error naming its status, so a replica answering 302 cannot send the app's scrapes (or an admin call
+/// and its token) to another port or host.
+pub fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let next = attempt.url();
+        let origin = |url: &reqwest::Url| {
+            (url.scheme().to_owned(), url.host_str().map(str::to_owned), url.port_or_known_default())
+        };
+        let same = attempt.previous().first().is_some_and(|first| origin(first) == origin(next));
+        if !same {
+            attempt.stop()
+        } else if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+/// An HTTP client fit for scraping: connect deadline, kept-alive connections, redirects only within the
+/// target's origin ([`same_origin_redirects`]).
 pub fn client(connect_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .connect_timeout(connect_timeout)
         .pool_idle_timeout(Duration::from_secs(30))
+        .redirect(same_origin_redirects())
         .build()
 }
 

@@ -18,7 +18,7 @@ use fleetdeck_api::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{Rollout, editor, operator_name};
+use super::{Rollout, operator_name};
 use crate::routers::admin::TracePage;
 use crate::{lock, unix_ms_now};
 
@@ -177,7 +177,7 @@ impl Canary {
     /// Starts a canary: the candidate goes to `args.canary`, is watched against `args.baseline`,
     /// then promoted or rolled back by itself. One canary runs at a time.
     pub async fn start(&self, args: CanaryArgs) -> Result<CanaryStatus, ApiError> {
-        let spec = editor::spec_or_api_error(&args.text)?;
+        let spec = super::spec_or_api_error(&args.text).await?;
         if args.observe_s == 0 || args.observe_s > MAX_OBSERVE_S {
             return Err(ApiError::new(
                 "bad_request",

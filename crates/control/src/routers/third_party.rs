@@ -95,7 +95,8 @@ pub fn detect(workers_body: &[u8], loads_body: Option<&[u8]>) -> Option<PeerKind
 
 /// The workers of a `GET /workers` body (both routers name them by `url`).
 pub fn parse_workers(body: &[u8]) -> Result<Vec<PeerWorker>, String> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| format!("/workers is not JSON: {e}"))?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| format!("/workers is not JSON: {}", super::admin::json_error_shape(&e)))?;
     let workers = value.get("workers").and_then(Value::as_array).ok_or("/workers has no `workers` list")?;
     let mut out: Vec<PeerWorker> = workers
         .iter()
