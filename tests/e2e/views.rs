@@ -166,7 +166,9 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
         },
     )
     .await?;
-    let sent = burst(&router, 900, 24).await?;
+    // A few at a time: the owner of the prefix never queues past the load guard's bound, so the
+    // burst stays on it (at 24 at a time the guard spreads it, and there is no hotspot to see).
+    let sent = burst(&router, 900, 4).await?;
     assert!(sent > 800, "only {sent} of the burst's requests succeeded");
     let warning = eventually("the hotspot warning", Duration::from_secs(30), || async {
         let warnings = texts(&browser, "[data-testid=hotspot-warning]").await?;
