@@ -1,7 +1,8 @@
 //! The fidelity the bench measured (`cargo xtask bench fidelity`, written to `crates/control/fidelity.json`
 //! and compiled in): for each measured change A -> B, how far the what-if's prediction of B from A's recorded
-//! traffic was from B run live on the same traffic from a cold fleet. The what-if shows the entry for the
-//! change it previews (or the closest measured one) next to its prediction.
+//! traffic was from B run live on the same traffic from a cold fleet, in each scenario the bench runs (seeds,
+//! tenant counts, KV sizes, engine profiles). The what-if shows, next to its prediction, the worst miss the
+//! bench measured for the change it previews (or for the closest measured one).
 
 use fleetdeck_api::WhatIfFidelity;
 use serde::{Deserialize, Serialize};
@@ -34,9 +35,15 @@ impl Figures {
     }
 }
 
-/// One measured change.
+/// One measured change, in one scenario.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Pair {
+    /// The scenario's name (tables written before scenarios existed have one unnamed scenario).
+    #[serde(default)]
+    pub scenario: String,
+    /// The engine profile the what-if predicted with (and the emulated fleet ran under).
+    #[serde(default)]
+    pub profile: String,
     pub from: String,
     pub to: String,
     /// A replayed under A's own recording against A live.
@@ -61,18 +68,35 @@ impl Table {
         serde_json::from_str(FIDELITY_JSON).unwrap_or_default()
     }
 
-    /// The entry for `from -> to`: that exact change, else one measured with the same candidate policy.
+    /// The entry for `from -> to`: that exact change, else those measured with the same candidate policy.
+    /// Over several scenarios it reports the worst of each error (the largest in magnitude, with its sign),
+    /// since an operator needs to know how far off the what-if can be, not how far off it is on average.
     pub fn lookup(&self, from: &str, to: &str) -> Option<WhatIfFidelity> {
-        let (pair, exact) = match self.pairs.iter().find(|p| p.from == from && p.to == to) {
-            Some(p) => (p, true),
-            None => (self.pairs.iter().find(|p| p.to == to)?, false),
+        let exact: Vec<&Pair> = self.pairs.iter().filter(|p| p.from == from && p.to == to).collect();
+        let (pairs, exact) = if exact.is_empty() {
+            (self.pairs.iter().filter(|p| p.to == to).collect::<Vec<_>>(), false)
+        } else {
+            (exact, true)
         };
-        let hit = pair.candidate.hit_rate_error_pp();
-        let ttft = pair.candidate.ttft_p95_error_pct();
-        let name = format!("{}->{}", pair.from, pair.to);
+        let worst = |error: fn(&Figures) -> f64| {
+            pairs
+                .iter()
+                .map(|p| error(&p.candidate))
+                .filter(|e| e.is_finite())
+                .max_by(|a, b| a.abs().total_cmp(&b.abs()))
+                .unwrap_or(f64::NAN)
+        };
+        let first = pairs.first()?;
+        let hit = worst(Figures::hit_rate_error_pp);
+        let ttft = worst(Figures::ttft_p95_error_pct);
+        let name = format!("{}->{}", first.from, first.to);
+        let over = match pairs.len() {
+            1 => String::new(),
+            n => format!(" (worst of {n} scenarios)"),
+        };
         let summary = format!(
-            "fidelity measured by the bench for {}{name}: hit rate predicted {hit:+.1} pp off, TTFT p95 {ttft:+.0} % \
-             off (measured {}; {})",
+            "fidelity measured by the bench for {}{name}{over}: hit rate predicted {hit:+.1} pp off, TTFT p95 \
+             {ttft:+.0} % off (measured {}; {})",
             if exact { "this change, " } else { "the closest measured change, " },
             self.measured,
             self.setup
@@ -122,6 +146,7 @@ mod tests {
                 to: "cache_aware_approx".into(),
                 self_check: figures.clone(),
                 candidate: figures,
+                ..Pair::default()
             }],
         };
         let exact = table.lookup("round_robin", "cache_aware_approx").unwrap();
@@ -133,5 +158,36 @@ mod tests {
         let close = table.lookup("least_load", "cache_aware_approx").unwrap();
         assert!(!close.exact && close.summary.contains("closest"));
         assert!(table.lookup("round_robin", "kv_precise").is_none());
+    }
+
+    #[test]
+    fn over_several_scenarios_the_worst_miss_is_reported_with_its_sign() {
+        let figures = |predicted_hit: f64, predicted_p95: f64| Figures {
+            predicted_hit_rate: predicted_hit,
+            measured_hit_rate: 0.90,
+            predicted_ttft_p95_ms: predicted_p95,
+            measured_ttft_p95_ms: 100.0,
+        };
+        let pair = |scenario: &str, candidate: Figures| Pair {
+            scenario: scenario.into(),
+            profile: "llama-3.1-8b-h100".into(),
+            from: "round_robin".into(),
+            to: "cache_aware_approx".into(),
+            self_check: candidate.clone(),
+            candidate,
+        };
+        let table = Table {
+            measured: "2026-12-05".into(),
+            setup: "three scenarios".into(),
+            pairs: vec![
+                pair("demo", figures(0.91, 105.0)),
+                pair("tight-kv", figures(0.87, 320.0)),
+                pair("many-tenants", figures(0.92, 60.0)),
+            ],
+        };
+        let entry = table.lookup("round_robin", "cache_aware_approx").unwrap();
+        assert!((entry.hit_rate_error_pp + 3.0).abs() < 1e-9, "{}", entry.hit_rate_error_pp);
+        assert!((entry.ttft_p95_error_pct - 220.0).abs() < 1e-9, "{}", entry.ttft_p95_error_pct);
+        assert!(entry.summary.contains("worst of 3 scenarios"), "{}", entry.summary);
     }
 }
