@@ -765,6 +765,57 @@ mod tests {
     }
 
     #[test]
+    fn pd_families_follow_the_role_and_the_flavor() {
+        let labels = "model_name=\"demo\\\"model\",engine=\"0\"";
+        let mut m = ReplicaMetrics::new(Flavor::Vllm, 4096, 0.0);
+        let text = render(&m, &info());
+        assert!(
+            !text.contains("vllm:nixl_") && !text.contains("finished_reason=\"error\""),
+            "no connector, no NIXL"
+        );
+        assert!(text.contains(
+            "fleet_sim_replica_info{model_name=\"demo\\\"model\",role=\"both\",flavor=\"vllm\"} 1.0\n"
+        ));
+        m.pd = PdMetrics::new(Role::Decode, 0.0005);
+        m.pd.observe_transfer(0.0105, 1 << 20, 8, false);
+        m.pd.observe_transfer(0.02, 0, 0, true);
+        m.finished_error = 1;
+        let text = render(&m, &info());
+        assert!(text.contains(&format!("vllm:nixl_xfer_time_seconds_bucket{{{labels},le=\"0.01\"}} 0.0\n")));
+        assert!(text.contains(&format!("vllm:nixl_xfer_time_seconds_bucket{{{labels},le=\"0.025\"}} 1.0\n")));
+        assert!(text.contains(&format!("vllm:nixl_bytes_transferred_sum{{{labels}}} 1048576.0\n")));
+        assert!(text.contains(&format!("vllm:nixl_post_time_seconds_sum{{{labels}}} 0.0005\n")));
+        assert!(text.contains(&format!("vllm:nixl_num_failed_transfers_total{{{labels}}} 1.0\n")));
+        assert!(
+            text.contains(&format!("vllm:request_success_total{{{labels},finished_reason=\"error\"}} 1.0\n"))
+        );
+        assert!(text.contains("role=\"decode\""));
+
+        let scheduler = "model_name=\"demo\\\"model\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"";
+        let mut m = ReplicaMetrics::new(Flavor::Sglang, 4096, 0.0);
+        m.pd = PdMetrics::new(Role::Prefill, 0.0);
+        m.kv_held = 2;
+        m.kv_loading = 5;
+        m.pd.record_latency(0.02, 2_000_000_000);
+        let text = render(&m, &info());
+        assert!(text.contains(&format!("sglang:num_prefill_inflight_queue_reqs{{{scheduler}}} 2.0\n")));
+        assert!(
+            text.contains(&format!("sglang:num_decode_transfer_queue_reqs{{{scheduler}}} 0.0\n")),
+            "not its role"
+        );
+        assert!(text.contains(&format!("sglang:kv_transfer_latency_ms{{{scheduler}}} 20.0\n")));
+        assert!(text.contains(&format!("sglang:kv_transfer_speed_gb_s{{{scheduler}}} 100.0\n")));
+        m.pd.role = Role::Decode;
+        let text = render(&m, &info());
+        assert!(text.contains(&format!("sglang:num_decode_transfer_queue_reqs{{{scheduler}}} 5.0\n")));
+        assert!(
+            text.contains(&format!("sglang:kv_transfer_latency_ms{{{scheduler}}} 0.0\n")),
+            "the prefill side times it"
+        );
+        assert!(!text.contains("vllm:"));
+    }
+
+    #[test]
     fn one_two_five_buckets_match_vllm() {
         assert_eq!(buckets_1_2_5(100), vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]);
         assert_eq!(buckets_1_2_5(1).len(), 1);
