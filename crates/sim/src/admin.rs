@@ -126,7 +126,7 @@ async fn set(State(state): State<Arc<AdminState>>, Path(index): Path<String>, bo
                 StatusCode::BAD_REQUEST,
                 "invalid_json",
                 format!(
-                    "the body must be a Faults JSON object (added_latency_ms, error_rate, drop_mid_stream_rate, stall_ms, malformed_metrics, down): {e}"
+                    "the body must be a Faults JSON object (added_latency_ms, error_rate, drop_mid_stream_rate, stall_ms, malformed_metrics, down, kv_transfer_fail_rate, kv_transfer_fail_next): {e}"
                 ),
             );
         }

@@ -2,13 +2,16 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
 use fleet_kv_events::Encoding;
-use fleet_sim::engine::Profile;
+
 use fleet_sim::engine::cost::DEFAULT_PROFILE;
+use fleet_sim::engine::{LoadFailurePolicy, Profile, TransferCost};
 use fleet_sim::kv_publish::{KvEndpoint, KvEventsConfig};
+use fleet_sim::pd::{PdConfig, Role};
 use fleet_sim::{DEFAULT_MODEL, Flavor, Fleet, ReplicaConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -76,6 +79,28 @@ pub struct ServeArgs {
     /// Seed of the random faults (error and drop rates).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Disaggregated serving: prefill (computes prompts, holds their KV for a decode replica), decode
+    /// (pulls the KV, then decodes) or both (no disaggregation).
+    #[arg(long, default_value = "both")]
+    role: Role,
+    /// KV bytes per token moved by a transfer (2 x layers x KV heads x head dim x dtype bytes).
+    #[arg(long, default_value_t = 131_072)]
+    kv_bytes_per_token: u64,
+    /// Bandwidth of the KV link between prefill and decode replicas, in gigabits per second.
+    #[arg(long, default_value_t = 100.0)]
+    transfer_gbps: f64,
+    /// Fixed cost of one KV transfer, in milliseconds.
+    #[arg(long, default_value_t = 0.5)]
+    transfer_latency_ms: f64,
+    /// How long a prefill replica holds a finished request's KV for a pull (vLLM's kv_lease_duration).
+    #[arg(long, default_value_t = 30_000)]
+    kv_lease_ms: u64,
+    /// How long a decode replica waits for a prefill's KV (SGLang's waiting timeout); bounds every pull.
+    #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(1..))]
+    kv_wait_timeout_ms: u64,
+    /// What a failed KV load does on a vLLM decode replica: fail (500, vLLM's default) or recompute.
+    #[arg(long, default_value = "fail")]
+    kv_load_failure_policy: LoadFailurePolicy,
 }
 
 fn replica_config(args: &ServeArgs) -> Result<ReplicaConfig> {
@@ -95,8 +120,23 @@ fn replica_config(args: &ServeArgs) -> Result<ReplicaConfig> {
         engine.max_num_batched_tokens = tokens;
     }
     engine.enable_prefix_caching = !args.no_enable_prefix_caching;
+    engine.kv_transfer = TransferCost {
+        bytes_per_token: args.kv_bytes_per_token,
+        gbps: args.transfer_gbps,
+        latency_us: (args.transfer_latency_ms.max(0.0) * 1e3).round() as u64,
+    };
+    ensure!(
+        !(args.flavor == Flavor::Sglang && args.kv_load_failure_policy == LoadFailurePolicy::Recompute),
+        "--kv-load-failure-policy recompute is vLLM's; SGLang fails a request whose KV transfer failed"
+    );
+    engine.kv_load_failure_policy = args.kv_load_failure_policy;
     engine.validate().context("engine settings")?;
-    Ok(ReplicaConfig { engine, flavor: args.flavor, max_model_len: args.max_model_len, seed: args.seed })
+    let pd = PdConfig {
+        role: args.role,
+        lease: Duration::from_millis(args.kv_lease_ms),
+        wait_timeout: Duration::from_millis(args.kv_wait_timeout_ms),
+    };
+    Ok(ReplicaConfig { engine, flavor: args.flavor, max_model_len: args.max_model_len, seed: args.seed, pd })
 }
 
 fn admin_token(args: &ServeArgs) -> Result<Option<String>> {
@@ -144,6 +184,9 @@ pub async fn run(args: ServeArgs, cancel: CancellationToken) -> Result<()> {
     let fleet = Fleet::start(listeners, &args.model, &config, kv_events.as_ref(), &cancel).await?;
     for (i, url) in fleet.urls.iter().enumerate() {
         println!("replica {i} serving {} at {url}", args.model);
+        if args.role != Role::Both {
+            println!("replica {i} role {}", args.role);
+        }
     }
     for (i, endpoints) in fleet.kv_endpoints.iter().enumerate() {
         println!("replica {i} kv events at {} replay {}", endpoints.publish, endpoints.replay);

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{
     AddError, EngineConfig, EngineEvent, EngineModel, EngineRequest, FinishReason, KvEventKind, Micros,
-    Prompt,
+    Prompt, RemoteKv,
 };
 use crate::exposition::ReplicaMetrics;
 
@@ -56,6 +56,20 @@ enum Command {
     ResetPrefixCache {
         done: tokio::sync::oneshot::Sender<bool>,
     },
+    ReleaseHeld {
+        id: u64,
+        done: tokio::sync::oneshot::Sender<bool>,
+    },
+}
+
+/// The disaggregated-serving part of a submission: hold the blocks when done (prefill side), or pull the
+/// prompt's KV first (decode side).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PdOptions {
+    /// Prefill side: keep the finished request's blocks held this long, in microseconds.
+    pub hold_for: Option<Micros>,
+    /// Decode side: the prompt's KV comes from a prefill replica.
+    pub remote: Option<RemoteKv>,
 }
 
 /// The handlers' side of a driver.
@@ -73,6 +87,7 @@ impl std::fmt::Debug for Command {
             Command::Add { request, .. } => write!(f, "Add({})", request.id),
             Command::Abort { id } => write!(f, "Abort({id})"),
             Command::ResetPrefixCache { .. } => f.write_str("ResetPrefixCache"),
+            Command::ReleaseHeld { id, .. } => write!(f, "ReleaseHeld({id})"),
         }
     }
 }
@@ -109,10 +124,24 @@ impl Drop for RequestStream {
 impl DriverHandle {
     /// Queues a request; resolves once the engine accepted or refused it.
     pub async fn submit(&self, prompt: Prompt, max_output_tokens: u32) -> Result<RequestStream, SubmitError> {
+        self.submit_pd(prompt, max_output_tokens, PdOptions::default()).await
+    }
+
+    /// Queues a request with its disaggregated-serving options.
+    pub async fn submit_pd(
+        &self,
+        prompt: Prompt,
+        max_output_tokens: u32,
+        pd: PdOptions,
+    ) -> Result<RequestStream, SubmitError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events_tx, events) = mpsc::unbounded_channel();
         let (accepted_tx, accepted) = tokio::sync::oneshot::channel();
-        let request = EngineRequest::new(id, prompt, max_output_tokens);
+        let request = EngineRequest {
+            hold_for: pd.hold_for,
+            remote: pd.remote,
+            ..EngineRequest::new(id, prompt, max_output_tokens)
+        };
         self.commands
             .send(Command::Add { request, events: events_tx, accepted: accepted_tx })
             .map_err(|_| SubmitError::Stopped)?;
@@ -124,6 +153,14 @@ impl DriverHandle {
     pub async fn reset_prefix_cache(&self) -> Result<bool, SubmitError> {
         let (done, result) = tokio::sync::oneshot::channel();
         self.commands.send(Command::ResetPrefixCache { done }).map_err(|_| SubmitError::Stopped)?;
+        result.await.map_err(|_| SubmitError::Stopped)
+    }
+
+    /// Prefill side: frees the blocks held for request `id` (the decode side pulled them). False when
+    /// nothing is held under `id` (unknown, already pulled, or the lease ran out).
+    pub async fn release_held(&self, id: u64) -> Result<bool, SubmitError> {
+        let (done, result) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::ReleaseHeld { id, done }).map_err(|_| SubmitError::Stopped)?;
         result.await.map_err(|_| SubmitError::Stopped)
     }
 
@@ -265,6 +302,12 @@ impl Driver {
                 sink.flush(&self.metrics);
                 let _ = done.send(reset);
             }
+            Command::ReleaseHeld { id, done } => {
+                let mut sink = Sink::new(&mut self.live, &mut self.kv_batch);
+                let released = self.engine.release_held(id, now, &mut |e| sink.on(e));
+                sink.flush(&self.metrics);
+                let _ = done.send(released);
+            }
         }
     }
 
@@ -284,6 +327,10 @@ impl Driver {
         m.preemptions = stats.preemptions;
         m.finished_length = stats.finished_length;
         m.finished_abort = stats.finished_abort;
+        m.finished_error = stats.finished_error;
+        m.kv_loading = stats.loading;
+        m.kv_held = stats.held;
+        m.kv_expired_holds = stats.kv_expired_holds;
         // One observation per wake-up that computed tokens: a step, or a few when the driver lagged.
         let tokens = stats.computed_prefill_tokens + stats.generation_tokens;
         if tokens > self.tokens_seen {
@@ -327,6 +374,13 @@ enum Observation {
     Queue(f64),
     Ttft(f64),
     Itl(f64),
+    /// A KV transfer ended (decode side).
+    Transfer {
+        seconds: f64,
+        bytes: u64,
+        blocks: u32,
+        failed: bool,
+    },
     Finished {
         e2e: f64,
         inference: f64,
@@ -375,7 +429,18 @@ impl<'a> Sink<'a> {
                     let _ = live.events.send(StreamEvent::Token { index });
                 }
             }
-            EngineEvent::Preempted { .. } => {}
+            EngineEvent::LoadDone { at, started_at, bytes, blocks, failed, .. } => {
+                self.observations.push(Observation::Transfer {
+                    seconds: seconds(started_at, at),
+                    bytes,
+                    blocks,
+                    failed,
+                });
+            }
+            EngineEvent::Preempted { .. }
+            | EngineEvent::Held { .. }
+            | EngineEvent::HoldReleased { .. }
+            | EngineEvent::LoadStarted { .. } => {}
             EngineEvent::Finished {
                 id,
                 at,
@@ -423,6 +488,9 @@ impl<'a> Sink<'a> {
                 Observation::Queue(s) => m.queue.observe(s),
                 Observation::Ttft(s) => m.ttft.observe(s),
                 Observation::Itl(s) => m.itl.observe(s),
+                Observation::Transfer { seconds, bytes, blocks, failed } => {
+                    m.pd.observe_transfer(seconds, bytes, blocks, failed);
+                }
                 Observation::Finished {
                     e2e,
                     inference,

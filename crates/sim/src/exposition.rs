@@ -12,9 +12,21 @@
 //!   SGLang's own buckets, and no `_created` series (SGLang runs prometheus_client in multiprocess mode).
 //!
 //! Counters carry `_total` and (vLLM) a `_created` gauge; floats print as Python prints them.
+//!
+//! Disaggregated prefill/decode ([`PdMetrics`]): a vLLM replica with a role serves the NixlConnector's
+//! metrics (`vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py`: `vllm:nixl_xfer_time_seconds`,
+//! `vllm:nixl_post_time_seconds`, `vllm:nixl_bytes_transferred`, `vllm:nixl_num_descriptors`,
+//! `vllm:nixl_num_failed_transfers`, `vllm:nixl_num_failed_notifications`, `vllm:nixl_num_kv_expired_reqs`),
+//! which vLLM registers only with a KV connector; SGLang always serves its P/D gauges
+//! (`sglang:num_prefill_prealloc_queue_reqs`, `..._inflight_queue_reqs`, `sglang:num_decode_prealloc_queue_reqs`,
+//! `..._transfer_queue_reqs`, `sglang:kv_transfer_speed_gb_s`, `sglang:kv_transfer_latency_ms`) and the
+//! counters `sglang:num_bootstrap_failed_reqs_total` and `sglang:num_transfer_failed_reqs_total`. Every flavor
+//! adds `fleet_sim_replica_info{role}` (the emulator's own family: no engine exports its role).
 
 use std::fmt::Write as _;
 use std::str::FromStr;
+
+use crate::pd::Role;
 
 /// Which engine's metrics a replica imitates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -80,6 +92,77 @@ pub const SGLANG_E2E_BUCKETS: [f64; 22] = [
     0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0,
     600.0, 1200.0, 1800.0, 2400.0,
 ];
+
+/// vLLM's NIXL buckets for `nixl_post_time_seconds`; `nixl_xfer_time_seconds` drops the first.
+pub const NIXL_TIME_BUCKETS: [f64; 13] =
+    [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0];
+/// vLLM's NIXL buckets for `nixl_num_descriptors`.
+pub const NIXL_DESCRIPTOR_BUCKETS: [f64; 14] =
+    [10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 200.0, 400.0, 1000.0, 2000.0, 4000.0, 10000.0, 20000.0, 50000.0];
+
+/// vLLM's NIXL buckets for `nixl_bytes_transferred`: 2 KiB to 8 GiB, every other power of two.
+pub fn nixl_byte_buckets() -> Vec<f64> {
+    (1..25).step_by(2).map(|i| 2f64.powi(10 + i)).collect()
+}
+
+/// What a replica reports about disaggregated prefill/decode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PdMetrics {
+    pub role: Role,
+    /// Decode side: per transfer, seconds, bytes and descriptors (blocks).
+    pub xfer_time: Histogram,
+    pub post_time: Histogram,
+    pub bytes: Histogram,
+    pub descriptors: Histogram,
+    /// The fixed part of a transfer, observed as its post time.
+    pub post_seconds: f64,
+    /// Decode side: transfers that failed.
+    pub failed_transfers: u64,
+    /// Decode side (SGLang): requests waiting for their prefill's KV to be ready (prealloc queue).
+    pub decode_waiting: u32,
+    /// The latest transfer's latency (ms) and speed (GB/s), as SGLang's prefill side reports them.
+    pub last_latency_ms: f64,
+    pub last_speed_gb_s: f64,
+    /// Pulls refused: unknown request, expired lease, room that never came (bootstrap failures).
+    pub failed_pulls: u64,
+}
+
+impl PdMetrics {
+    pub fn new(role: Role, post_seconds: f64) -> Self {
+        Self {
+            role,
+            xfer_time: Histogram::new(&NIXL_TIME_BUCKETS[1..]),
+            post_time: Histogram::new(&NIXL_TIME_BUCKETS),
+            bytes: Histogram::new(&nixl_byte_buckets()),
+            descriptors: Histogram::new(&NIXL_DESCRIPTOR_BUCKETS),
+            post_seconds,
+            failed_transfers: 0,
+            decode_waiting: 0,
+            last_latency_ms: 0.0,
+            last_speed_gb_s: 0.0,
+            failed_pulls: 0,
+        }
+    }
+
+    /// One transfer ended (decode side).
+    pub fn observe_transfer(&mut self, seconds: f64, bytes: u64, blocks: u32, failed: bool) {
+        if failed {
+            self.failed_transfers += 1;
+            return;
+        }
+        self.xfer_time.observe(seconds);
+        self.post_time.observe(self.post_seconds.min(seconds));
+        self.bytes.observe(bytes as f64);
+        self.descriptors.observe(f64::from(blocks));
+        self.record_latency(seconds, bytes);
+    }
+
+    /// The latest transfer's latency and speed.
+    pub fn record_latency(&mut self, seconds: f64, bytes: u64) {
+        self.last_latency_ms = seconds * 1e3;
+        self.last_speed_gb_s = if seconds > 0.0 { bytes as f64 / seconds / 1e9 } else { 0.0 };
+    }
+}
 
 /// vLLM's `build_1_2_5_buckets(max_value)`: 1, 2, 5, 10, 20, 50, ... up to `max_value`.
 pub fn buckets_1_2_5(max_value: u32) -> Vec<f64> {
@@ -149,6 +232,15 @@ pub struct ReplicaMetrics {
     pub finished_stop: u64,
     pub finished_length: u64,
     pub finished_abort: u64,
+    /// Requests finished with `error` (a failed KV load under the `fail` policy).
+    pub finished_error: u64,
+    /// Decode side: requests whose KV transfer is running.
+    pub kv_loading: u32,
+    /// Prefill side: finished requests whose blocks are held for a pull.
+    pub kv_held: u32,
+    /// Prefill side: held requests whose lease ran out.
+    pub kv_expired_holds: u64,
+    pub pd: PdMetrics,
     pub ttft: Histogram,
     pub itl: Histogram,
     /// Per request: decode time / (output tokens - 1) (vLLM's `request_time_per_output_token_seconds`).
@@ -193,6 +285,11 @@ impl ReplicaMetrics {
             finished_stop: 0,
             finished_length: 0,
             finished_abort: 0,
+            finished_error: 0,
+            kv_loading: 0,
+            kv_held: 0,
+            kv_expired_holds: 0,
+            pd: PdMetrics::new(Role::Both, 0.0),
             ttft: Histogram::new(ttft),
             itl: Histogram::new(itl),
             tpot: Histogram::new(&VLLM_ITL_BUCKETS),
@@ -222,10 +319,20 @@ pub struct ExpositionInfo {
 
 /// Renders `metrics` in their flavor.
 pub fn render(metrics: &ReplicaMetrics, info: &ExpositionInfo) -> String {
-    match metrics.flavor {
+    let mut text = match metrics.flavor {
         Flavor::Vllm | Flavor::VllmLegacy => render_vllm(metrics, info),
         Flavor::Sglang => render_sglang(metrics, info),
-    }
+    };
+    let _ = write!(
+        text,
+        "# HELP fleet_sim_replica_info The emulated replica's disaggregation role (prefill, decode or both).\n\
+         # TYPE fleet_sim_replica_info gauge\n\
+         fleet_sim_replica_info{{model_name=\"{}\",role=\"{}\",flavor=\"{}\"}} 1.0\n",
+        escape_label(&info.model_name),
+        metrics.pd.role,
+        metrics.flavor.name()
+    );
+    text
 }
 
 /// A body that is not valid exposition text: what a fault-injected replica serves (a truncated
@@ -352,15 +459,15 @@ fn render_vllm(m: &ReplicaMetrics, info: &ExpositionInfo) -> String {
     w.counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", m.preemptions);
     w.counter("vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens);
     w.counter("vllm:generation_tokens", "Number of generation tokens processed.", m.generation_tokens);
-    w.counters(
-        "vllm:request_success",
-        "Count of successfully processed requests.",
-        &[
-            (",finished_reason=\"stop\"", m.finished_stop),
-            (",finished_reason=\"length\"", m.finished_length),
-            (",finished_reason=\"abort\"", m.finished_abort),
-        ],
-    );
+    let mut reasons = vec![
+        (",finished_reason=\"stop\"", m.finished_stop),
+        (",finished_reason=\"length\"", m.finished_length),
+        (",finished_reason=\"abort\"", m.finished_abort),
+    ];
+    if m.pd.role != Role::Both {
+        reasons.push((",finished_reason=\"error\"", m.finished_error));
+    }
+    w.counters("vllm:request_success", "Count of successfully processed requests.", &reasons);
     w.histogram(
         "vllm:request_prompt_tokens",
         "Number of prefill tokens processed.",
@@ -427,6 +534,9 @@ fn render_vllm(m: &ReplicaMetrics, info: &ExpositionInfo) -> String {
         "Histogram of time spent in DECODE phase for request.",
         &m.decode,
     );
+    if m.pd.role != Role::Both {
+        render_nixl(&mut w, m);
+    }
     // vLLM's info gauge: CacheConfig.metrics_info() as labels, set to 1.
     let _ = write!(
         w.out,
@@ -442,6 +552,42 @@ fn render_vllm(m: &ReplicaMetrics, info: &ExpositionInfo) -> String {
         m.num_gpu_blocks,
     );
     w.out
+}
+
+/// The NixlConnector's metrics (`NixlPromMetrics`), labelled like the engine's own.
+fn render_nixl(w: &mut Writer, m: &ReplicaMetrics) {
+    let pd = &m.pd;
+    w.histogram(
+        "vllm:nixl_xfer_time_seconds",
+        "Histogram of transfer duration for NIXL KV Cache transfers.",
+        &pd.xfer_time,
+    );
+    w.histogram(
+        "vllm:nixl_post_time_seconds",
+        "Histogram of transfer post time for NIXL KV Cache transfers.",
+        &pd.post_time,
+    );
+    w.histogram(
+        "vllm:nixl_bytes_transferred",
+        "Histogram of bytes transferred per NIXL KV Cache transfers.",
+        &pd.bytes,
+    );
+    w.histogram(
+        "vllm:nixl_num_descriptors",
+        "Histogram of number of descriptors per NIXL  KV Cache transfers.",
+        &pd.descriptors,
+    );
+    w.counter(
+        "vllm:nixl_num_failed_transfers",
+        "Number of failed NIXL KV Cache transfers.",
+        pd.failed_transfers,
+    );
+    w.counter("vllm:nixl_num_failed_notifications", "Number of failed NIXL KV Cache notifications.", 0);
+    w.counter(
+        "vllm:nixl_num_kv_expired_reqs",
+        "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance.",
+        m.kv_expired_holds,
+    );
 }
 
 fn render_sglang(m: &ReplicaMetrics, info: &ExpositionInfo) -> String {
@@ -472,6 +618,50 @@ fn render_sglang(m: &ReplicaMetrics, info: &ExpositionInfo) -> String {
         "sglang:num_retracted_requests",
         "Total number of retracted requests due to kvcache full.",
         m.preemptions,
+    );
+    // P/D disaggregation (always registered by SGLang; zero outside its role). The prefill side's
+    // bootstrap (prealloc) queue is empty here: the emulated prefill starts without waiting for the decode
+    // side's handshake. SGLang's prefill side measures the transfer's latency and speed.
+    let (prefill, decode) = (m.pd.role == Role::Prefill, m.pd.role == Role::Decode);
+    w.gauge(
+        "sglang:num_prefill_prealloc_queue_reqs",
+        "The number of requests in the prefill prealloc queue.",
+        0.0,
+    );
+    w.gauge(
+        "sglang:num_prefill_inflight_queue_reqs",
+        "The number of requests in the prefill inflight queue.",
+        if prefill { f64::from(m.kv_held) } else { 0.0 },
+    );
+    w.gauge(
+        "sglang:num_decode_prealloc_queue_reqs",
+        "The number of requests in the decode prealloc queue.",
+        if decode { f64::from(m.pd.decode_waiting) } else { 0.0 },
+    );
+    w.gauge(
+        "sglang:num_decode_transfer_queue_reqs",
+        "The number of requests in the decode transfer queue.",
+        if decode { f64::from(m.kv_loading) } else { 0.0 },
+    );
+    w.gauge(
+        "sglang:kv_transfer_speed_gb_s",
+        "The transfer speed of the KV cache in GB/s.",
+        if prefill { m.pd.last_speed_gb_s } else { 0.0 },
+    );
+    w.gauge(
+        "sglang:kv_transfer_latency_ms",
+        "The transfer latency of the KV cache in ms.",
+        if prefill { m.pd.last_latency_ms } else { 0.0 },
+    );
+    w.counter(
+        "sglang:num_bootstrap_failed_reqs",
+        "The number of bootstrap failed requests.",
+        m.pd.failed_pulls + if prefill { m.kv_expired_holds } else { 0 },
+    );
+    w.counter(
+        "sglang:num_transfer_failed_reqs",
+        "The number of transfer failed requests.",
+        m.pd.failed_transfers,
     );
     w.labels = format!("model_name=\"{model}\"");
     w.counter("sglang:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens);
@@ -572,6 +762,57 @@ mod tests {
         assert!(sglang.contains("sglang:cached_tokens_total{model_name=\"demo\\\"model\"} 0.0\n"));
         assert!(sglang.contains("le=\"400.0\""));
         assert!(!sglang.contains("_created") && !sglang.contains("vllm:"));
+    }
+
+    #[test]
+    fn pd_families_follow_the_role_and_the_flavor() {
+        let labels = "model_name=\"demo\\\"model\",engine=\"0\"";
+        let mut m = ReplicaMetrics::new(Flavor::Vllm, 4096, 0.0);
+        let text = render(&m, &info());
+        assert!(
+            !text.contains("vllm:nixl_") && !text.contains("finished_reason=\"error\""),
+            "no connector, no NIXL"
+        );
+        assert!(text.contains(
+            "fleet_sim_replica_info{model_name=\"demo\\\"model\",role=\"both\",flavor=\"vllm\"} 1.0\n"
+        ));
+        m.pd = PdMetrics::new(Role::Decode, 0.0005);
+        m.pd.observe_transfer(0.0105, 1 << 20, 8, false);
+        m.pd.observe_transfer(0.02, 0, 0, true);
+        m.finished_error = 1;
+        let text = render(&m, &info());
+        assert!(text.contains(&format!("vllm:nixl_xfer_time_seconds_bucket{{{labels},le=\"0.01\"}} 0.0\n")));
+        assert!(text.contains(&format!("vllm:nixl_xfer_time_seconds_bucket{{{labels},le=\"0.025\"}} 1.0\n")));
+        assert!(text.contains(&format!("vllm:nixl_bytes_transferred_sum{{{labels}}} 1048576.0\n")));
+        assert!(text.contains(&format!("vllm:nixl_post_time_seconds_sum{{{labels}}} 0.0005\n")));
+        assert!(text.contains(&format!("vllm:nixl_num_failed_transfers_total{{{labels}}} 1.0\n")));
+        assert!(
+            text.contains(&format!("vllm:request_success_total{{{labels},finished_reason=\"error\"}} 1.0\n"))
+        );
+        assert!(text.contains("role=\"decode\""));
+
+        let scheduler = "model_name=\"demo\\\"model\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"";
+        let mut m = ReplicaMetrics::new(Flavor::Sglang, 4096, 0.0);
+        m.pd = PdMetrics::new(Role::Prefill, 0.0);
+        m.kv_held = 2;
+        m.kv_loading = 5;
+        m.pd.record_latency(0.02, 2_000_000_000);
+        let text = render(&m, &info());
+        assert!(text.contains(&format!("sglang:num_prefill_inflight_queue_reqs{{{scheduler}}} 2.0\n")));
+        assert!(
+            text.contains(&format!("sglang:num_decode_transfer_queue_reqs{{{scheduler}}} 0.0\n")),
+            "not its role"
+        );
+        assert!(text.contains(&format!("sglang:kv_transfer_latency_ms{{{scheduler}}} 20.0\n")));
+        assert!(text.contains(&format!("sglang:kv_transfer_speed_gb_s{{{scheduler}}} 100.0\n")));
+        m.pd.role = Role::Decode;
+        let text = render(&m, &info());
+        assert!(text.contains(&format!("sglang:num_decode_transfer_queue_reqs{{{scheduler}}} 5.0\n")));
+        assert!(
+            text.contains(&format!("sglang:kv_transfer_latency_ms{{{scheduler}}} 0.0\n")),
+            "the prefill side times it"
+        );
+        assert!(!text.contains("vllm:"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! sets a rate of 0 or 1 is exact and anything in between is reproducible for a given request order.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use arc_swap::ArcSwap;
 use rand::rngs::SmallRng;
@@ -29,6 +30,10 @@ pub struct Faults {
     pub malformed_metrics: bool,
     /// The replica is down: its port refuses connections, and connections already open get 503s.
     pub down: bool,
+    /// Probability (0..=1) that a KV transfer this (decode) replica pulls fails.
+    pub kv_transfer_fail_rate: f64,
+    /// The next N KV transfers this (decode) replica pulls fail (counted down from when the faults are set).
+    pub kv_transfer_fail_next: u32,
 }
 
 /// Largest delay a fault may add; more is certainly a typo and would look like a hang.
@@ -45,9 +50,11 @@ pub struct FaultError {
 impl Faults {
     /// Checks rates are probabilities and delays are bounded.
     pub fn validate(&self) -> Result<(), FaultError> {
-        for (field, rate) in
-            [("error_rate", self.error_rate), ("drop_mid_stream_rate", self.drop_mid_stream_rate)]
-        {
+        for (field, rate) in [
+            ("error_rate", self.error_rate),
+            ("drop_mid_stream_rate", self.drop_mid_stream_rate),
+            ("kv_transfer_fail_rate", self.kv_transfer_fail_rate),
+        ] {
             if !(0.0..=1.0).contains(&rate) {
                 return Err(FaultError {
                     field,
@@ -74,6 +81,8 @@ pub struct FaultSwitch {
     rng: Mutex<SmallRng>,
     /// `down` as a watch, so the listener can close and reopen the port as it flips.
     down_tx: watch::Sender<bool>,
+    /// KV transfers still to fail (`kv_transfer_fail_next`, counted down).
+    transfer_failures_left: AtomicU32,
 }
 
 impl FaultSwitch {
@@ -82,6 +91,7 @@ impl FaultSwitch {
             current: ArcSwap::from_pointee(Faults::default()),
             rng: Mutex::new(SmallRng::seed_from_u64(seed)),
             down_tx: watch::channel(false).0,
+            transfer_failures_left: AtomicU32::new(0),
         }
     }
 
@@ -94,6 +104,7 @@ impl FaultSwitch {
     pub fn set(&self, faults: Faults) -> Result<(), FaultError> {
         faults.validate()?;
         let down = faults.down;
+        self.transfer_failures_left.store(faults.kv_transfer_fail_next, Ordering::SeqCst);
         self.current.store(std::sync::Arc::new(faults));
         self.down_tx.send_replace(down);
         Ok(())
@@ -102,6 +113,15 @@ impl FaultSwitch {
     /// A receiver that sees `down` flip.
     pub fn watch_down(&self) -> watch::Receiver<bool> {
         self.down_tx.subscribe()
+    }
+
+    /// Whether the KV transfer starting now fails: one of the next N set to fail, or by the failure rate.
+    pub fn transfer_fails(&self) -> bool {
+        let counted = self
+            .transfer_failures_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+            .is_ok();
+        counted || self.roll(self.get().kv_transfer_fail_rate)
     }
 
     /// True with probability `rate` (exactly never at 0 and always at 1).
@@ -140,6 +160,17 @@ mod tests {
         let rolls_b: Vec<bool> = (0..50).map(|_| b.roll(0.5)).collect();
         assert_eq!(rolls_a, rolls_b);
         assert!(rolls_a.iter().any(|&r| r) && rolls_a.iter().any(|&r| !r));
+    }
+
+    #[test]
+    fn the_next_n_transfers_fail_then_the_rate_decides() {
+        let switch = FaultSwitch::new(0);
+        assert!(!switch.transfer_fails());
+        switch.set(Faults { kv_transfer_fail_next: 2, ..Faults::default() }).unwrap();
+        assert_eq!((0..4).map(|_| switch.transfer_fails()).collect::<Vec<_>>(), [true, true, false, false]);
+        switch.set(Faults { kv_transfer_fail_rate: 1.0, ..Faults::default() }).unwrap();
+        assert!(switch.transfer_fails() && switch.transfer_fails());
+        assert!(Faults { kv_transfer_fail_rate: -0.1, ..Faults::default() }.validate().is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`openai`]: OpenAI request parsing and response shapes.
 //! - [`server`]: one replica's HTTP server; [`faults`] and [`admin`]: fault injection at runtime.
 //! - [`kv_publish`]: vLLM's KV-cache events over ZMQ (PUB + replay).
+//! - [`pd`]: disaggregated prefill/decode at the HTTP edge: roles, vLLM's and SGLang's request flows.
 //! - [`load`]: a steady, prefix-sharing traffic generator (the demo's clients).
 //! - [`bench`]: a trace-driven, open-loop benchmark client for any OpenAI endpoint (`fleet-sim bench`).
 //!
@@ -20,6 +21,7 @@ pub mod faults;
 pub mod kv_publish;
 pub mod load;
 pub mod openai;
+pub mod pd;
 pub mod replay;
 pub mod server;
 pub mod workload;
@@ -54,11 +56,19 @@ pub struct ReplicaConfig {
     pub max_model_len: u32,
     /// Seed of the replicas' fault RNGs (replica `i` uses `seed + i`).
     pub seed: u64,
+    /// Disaggregated prefill/decode: the replicas' role, lease and wait bounds.
+    pub pd: pd::PdConfig,
 }
 
 impl Default for ReplicaConfig {
     fn default() -> Self {
-        Self { engine: EngineConfig::default(), flavor: Flavor::Vllm, max_model_len: 32_768, seed: 0 }
+        Self {
+            engine: EngineConfig::default(),
+            flavor: Flavor::Vllm,
+            max_model_len: 32_768,
+            seed: 0,
+            pd: pd::PdConfig::default(),
+        }
     }
 }
 
@@ -104,7 +114,9 @@ impl Fleet {
         let mut fleet =
             Fleet { urls: Vec::new(), replicas: Vec::new(), kv_endpoints: Vec::new(), tasks: Vec::new() };
         for (index, listener) in listeners.into_iter().enumerate() {
-            let replica = new_replica(index, model, config, None, shutdown).map_err(std::io::Error::other)?;
+            let addr = listener.local_addr()?;
+            let replica =
+                new_replica(index, addr, model, config, None, shutdown).map_err(std::io::Error::other)?;
             fleet.serve(listener, replica, shutdown)?;
         }
         Ok(fleet)
@@ -132,7 +144,7 @@ impl Fleet {
                 }
                 None => None,
             };
-            let replica = new_replica(index, model, config, kv_out, shutdown)?;
+            let replica = new_replica(index, listener.local_addr()?, model, config, kv_out, shutdown)?;
             fleet.serve(listener, replica, shutdown)?;
         }
         Ok(fleet)
@@ -186,6 +198,7 @@ impl Fleet {
 
 fn new_replica(
     index: usize,
+    addr: std::net::SocketAddr,
     model: &str,
     config: &ReplicaConfig,
     kv_out: Option<tokio::sync::mpsc::Sender<fleet_kv_events::EventBatch>>,
@@ -196,6 +209,7 @@ fn new_replica(
     let mut metrics = ReplicaMetrics::new(config.flavor, config.max_model_len, created);
     metrics.block_tokens = engine.block_tokens;
     metrics.num_gpu_blocks = engine.num_gpu_blocks;
+    metrics.pd = exposition::PdMetrics::new(config.pd.role, engine.kv_transfer.latency_us as f64 / 1e6);
     let info = ExpositionInfo {
         model_name: model.to_string(),
         engine_index: 0,
@@ -208,5 +222,14 @@ fn new_replica(
         max_model_len: config.max_model_len,
         driver,
         faults: faults::FaultSwitch::new(config.seed.wrapping_add(index as u64)),
+        flavor: config.flavor,
+        pd: config.pd.clone(),
+        addr,
+        engine_id: format!("fleet-sim-{}-{index}", std::process::id()),
+        rooms: pd::Rooms::default(),
+        http: reqwest::Client::builder()
+            .timeout(config.pd.wait_timeout + std::time::Duration::from_secs(5))
+            .build()
+            .unwrap_or_default(),
     }))
 }

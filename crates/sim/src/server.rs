@@ -23,11 +23,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::driver::{DriverHandle, RequestStream, StreamEvent, SubmitError};
-use crate::engine::{AddError, FinishReason, tokenize};
-use crate::exposition::{self, ExpositionInfo};
+use crate::driver::{DriverHandle, PdOptions, RequestStream, StreamEvent, SubmitError};
+use crate::engine::{AddError, FinishReason, RemoteKv, tokenize};
+use crate::exposition::{self, ExpositionInfo, Flavor};
 use crate::faults::FaultSwitch;
 use crate::openai::{self, Api, GenerationRequest, OutputWords, ResponseMeta, SSE_DONE, Usage};
+use crate::pd::{self, PdConfig, PdLeg, PullRequest, Role, RoomState, Rooms};
 
 /// Largest request body a replica accepts (vLLM itself has no small limit; this keeps the
 /// emulator safe from runaway clients).
@@ -41,6 +42,17 @@ pub struct Replica {
     pub max_model_len: u32,
     pub driver: Arc<DriverHandle>,
     pub faults: FaultSwitch,
+    pub flavor: Flavor,
+    /// Disaggregated prefill/decode settings (role, lease, wait bound).
+    pub pd: PdConfig,
+    /// The address the replica serves on: the side channel a decode replica pulls KV through.
+    pub addr: SocketAddr,
+    /// vLLM's `engine_id`, named in `kv_transfer_params.remote_engine_id`.
+    pub engine_id: String,
+    /// SGLang prefill side: bootstrap rooms whose KV is held for a decode replica.
+    pub rooms: Rooms,
+    /// Decode side: the client that pulls KV from prefill replicas.
+    pub http: reqwest::Client,
 }
 
 impl Replica {
@@ -74,6 +86,9 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/metrics", get(metrics))
         .route("/version", get(|| async { Json(json!({"version": "0.12.0"})) }))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/fleet_sim/kv/pull", post(kv_pull))
         .layer(middleware::from_fn_with_state(replica.clone(), fault_gate))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(replica)
@@ -126,6 +141,140 @@ async fn models(State(replica): State<Arc<Replica>>) -> Json<serde_json::Value> 
     }))
 }
 
+/// The replica's identity: its role in vLLM's (`kv_role`) and SGLang's (`disaggregation_mode`) words.
+async fn server_info(State(replica): State<Arc<Replica>>) -> Json<serde_json::Value> {
+    let transfer = &replica.driver.config().kv_transfer;
+    Json(json!({
+        "model": replica.model_name(),
+        "flavor": replica.flavor.name(),
+        "role": replica.pd.role,
+        "kv_role": replica.pd.role.kv_role(),
+        "disaggregation_mode": replica.pd.role.disaggregation_mode(),
+        "engine_id": replica.engine_id,
+        "kv_transfer": {
+            "bytes_per_token": transfer.bytes_per_token,
+            "gbps": transfer.gbps,
+            "latency_us": transfer.latency_us,
+            "lease_ms": replica.pd.lease.as_millis() as u64,
+            "wait_timeout_ms": replica.pd.wait_timeout.as_millis() as u64,
+            "kv_load_failure_policy": replica.driver.config().kv_load_failure_policy,
+        },
+    }))
+}
+
+/// The prefill side of a pull: frees the blocks held for a vLLM request id, or waits (bounded) for an
+/// SGLang room's prefill and frees its blocks. 404/504/500 say why nothing could be pulled.
+async fn kv_pull(State(replica): State<Arc<Replica>>, body: Bytes) -> Response {
+    let request: PullRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => {
+            let message = format!("the body must be a pull request (request_id or room, wait_ms): {e}");
+            return (StatusCode::BAD_REQUEST, Json(openai_error(&message, "body"))).into_response();
+        }
+    };
+    let refused = |status: StatusCode, kind: &str, message: String| {
+        replica.driver.metrics().pd.failed_pulls += 1;
+        error_response(status, kind, &message)
+    };
+    let (id, tokens) = match (request.request_id, request.room) {
+        (Some(id), None) => (id, None),
+        (None, Some(room)) => {
+            let wait = Duration::from_millis(request.wait_ms).min(replica.pd.wait_timeout);
+            match replica.rooms.take(room, wait).await {
+                Some(RoomState::Ready { id, tokens }) => (id, Some(tokens)),
+                Some(RoomState::Failed | RoomState::Pending) => {
+                    return refused(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "InternalServerError",
+                        format!("KVTransferError(bootstrap_room={room}): the prefill of this room failed"),
+                    );
+                }
+                None => {
+                    return refused(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "TimeoutError",
+                        format!(
+                            "KVTransferError(bootstrap_room={room}): no prefill for this room within {} ms",
+                            wait.as_millis()
+                        ),
+                    );
+                }
+            }
+        }
+        _ => {
+            let message = "a pull names exactly one of request_id (vLLM) or room (SGLang)";
+            return (StatusCode::BAD_REQUEST, Json(openai_error(message, "body"))).into_response();
+        }
+    };
+    match replica.driver.release_held(id).await {
+        Ok(true) => {
+            if let Some(tokens) = tokens {
+                // SGLang's prefill side reports the latest transfer's latency and speed.
+                let transfer = &replica.driver.config().kv_transfer;
+                let seconds = transfer.duration_us(tokens) as f64 / 1e6;
+                replica.driver.metrics().pd.record_latency(seconds, transfer.bytes(tokens));
+            }
+            Json(json!({"released": true, "request_id": id})).into_response()
+        }
+        Ok(false) => refused(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            format!("no KV is held for request {id}: unknown, already pulled, or its lease expired"),
+        ),
+        Err(e) => refused(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailableError", e.to_string()),
+    }
+}
+
+/// Reads the request's P/D leg, if this replica's role and flavor take part in one: vLLM flavors read
+/// `kv_transfer_params`, SGLang reads the bootstrap fields; a replica of role `both` ignores both, as an
+/// engine without a KV connector or disaggregation mode does.
+fn pd_leg(replica: &Replica, body: &[u8]) -> Result<Option<PdLeg>, pd::PdError> {
+    if replica.pd.role == Role::Both {
+        return Ok(None);
+    }
+    let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Ok(None);
+    };
+    match replica.flavor {
+        Flavor::Vllm | Flavor::VllmLegacy => pd::parse_kv_transfer_params(fields.get("kv_transfer_params")),
+        Flavor::Sglang => Ok(pd::parse_bootstrap(&fields)?.map(|(host, port, room)| match replica.pd.role {
+            Role::Prefill => PdLeg::SglangPrefill { room },
+            _ => PdLeg::SglangDecode { host, port, room },
+        })),
+    }
+}
+
+/// Decode side: asks the prefill replica to release the request's KV; `Err` carries why it could not.
+async fn pull(replica: &Replica, host: &str, port: u16, request: &PullRequest) -> Result<(), String> {
+    let url = format!("http://{host}:{port}/fleet_sim/kv/pull");
+    let response = replica.http.post(&url).json(request).send().await.map_err(|e| e.to_string())?;
+    if response.status().is_success() {
+        return Ok(());
+    }
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    Err(body["error"]["message"]
+        .as_str()
+        .map_or_else(|| format!("the prefill replica answered {status}"), str::to_string))
+}
+
+/// Counts a decode request waiting for its prefill's KV (SGLang's decode prealloc queue) while it lives.
+struct DecodeWaiting<'a>(&'a DriverHandle);
+
+impl<'a> DecodeWaiting<'a> {
+    fn new(driver: &'a DriverHandle) -> Self {
+        driver.metrics().pd.decode_waiting += 1;
+        Self(driver)
+    }
+}
+
+impl Drop for DecodeWaiting<'_> {
+    fn drop(&mut self) {
+        let mut metrics = self.0.metrics();
+        metrics.pd.decode_waiting = metrics.pd.decode_waiting.saturating_sub(1);
+    }
+}
+
 async fn reset_prefix_cache(State(replica): State<Arc<Replica>>) -> Response {
     match replica.driver.reset_prefix_cache().await {
         Ok(true) => StatusCode::OK.into_response(),
@@ -166,9 +315,16 @@ async fn generate(replica: Arc<Replica>, api: Api, body: &[u8]) -> Response {
             "injected fault: engine error",
         );
     }
+    let leg = match pd_leg(&replica, body) {
+        Ok(leg) => leg,
+        Err(invalid) => {
+            return (StatusCode::BAD_REQUEST, Json(openai_error(&invalid.message, invalid.param)))
+                .into_response();
+        }
+    };
     let block_tokens = replica.driver.config().block_tokens;
     let prompt = tokenize::prompt_of_text(&request.prompt, block_tokens);
-    let max_tokens = u32::try_from(request.max_tokens).unwrap_or(u32::MAX);
+    let mut max_tokens = u32::try_from(request.max_tokens).unwrap_or(u32::MAX);
     let requested = u64::from(prompt.tokens) + u64::from(max_tokens);
     if requested > u64::from(replica.max_model_len) {
         let message = format!(
@@ -178,7 +334,58 @@ async fn generate(replica: Arc<Replica>, api: Api, body: &[u8]) -> Response {
         );
         return (StatusCode::BAD_REQUEST, Json(openai_error(&message, "max_tokens"))).into_response();
     }
-    let stream = match replica.driver.submit(prompt, max_tokens).await {
+    let lease = u64::try_from(replica.pd.lease.as_micros()).unwrap_or(u64::MAX);
+    let prompt_tokens = prompt.tokens;
+    let (options, on_finish) = match &leg {
+        None => (PdOptions::default(), PdFinish::None),
+        Some(PdLeg::VllmPrefill) => (PdOptions { hold_for: Some(lease), remote: None }, PdFinish::VllmAnswer),
+        Some(PdLeg::SglangPrefill { room }) => {
+            // SGLang's prefill server produces the first token only; the decode server generates the rest.
+            max_tokens = 1;
+            if !replica.rooms.set(*room, RoomState::Pending) {
+                return error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ServiceUnavailableError",
+                    "too many bootstrap rooms in flight; retry later",
+                );
+            }
+            (PdOptions { hold_for: Some(lease), remote: None }, PdFinish::Room(*room))
+        }
+        Some(PdLeg::VllmDecode { host, port, request_id, .. }) => {
+            let ask = PullRequest { request_id: Some(*request_id), room: None, wait_ms: 0 };
+            let pulled = pull(&replica, host, *port, &ask).await;
+            if let Err(why) = &pulled {
+                tracing::warn!(replica = replica.index, %why, "KV pull failed; the load fails as the engine's would");
+            }
+            let fail = pulled.is_err() || replica.faults.transfer_fails();
+            (
+                PdOptions { hold_for: None, remote: Some(RemoteKv { use_local_cache: true, fail }) },
+                PdFinish::None,
+            )
+        }
+        Some(PdLeg::SglangDecode { host, port, room }) => {
+            let wait_ms = u64::try_from(replica.pd.wait_timeout.as_millis()).unwrap_or(u64::MAX);
+            let ask = PullRequest { request_id: None, room: Some(*room), wait_ms };
+            let waiting = DecodeWaiting::new(&replica.driver);
+            let pulled = pull(&replica, host, *port, &ask).await;
+            drop(waiting);
+            if let Err(why) = pulled {
+                replica.driver.metrics().pd.failed_transfers += 1;
+                return error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalServerError",
+                    &format!(
+                        "KVTransferError(bootstrap_room={room}): Failed to get kvcache from prefill instance: {why}"
+                    ),
+                );
+            }
+            let fail = replica.faults.transfer_fails();
+            let options =
+                PdOptions { hold_for: None, remote: Some(RemoteKv { use_local_cache: false, fail }) };
+            (options, PdFinish::SglangDecode(*room))
+        }
+    };
+    let stream = match replica.driver.submit_pd(prompt, max_tokens, options).await {
         Ok(stream) => stream,
         Err(SubmitError::Engine(error @ AddError::TooLarge { .. })) => {
             return (StatusCode::BAD_REQUEST, Json(openai_error(&error.to_string(), "max_tokens")))
@@ -198,7 +405,20 @@ async fn generate(replica: Arc<Replica>, api: Api, body: &[u8]) -> Response {
         model: replica.model_name().to_string(),
         api,
     };
+    let on_finish = match on_finish {
+        PdFinish::VllmAnswer => PdFinish::VllmParams(pd::vllm_prefill_answer(
+            &replica.engine_id,
+            stream.id,
+            &replica.addr.ip().to_string(),
+            replica.addr.port(),
+            prompt_tokens.div_ceil(block_tokens.max(1)),
+            prompt_tokens,
+        )),
+        other => other,
+    };
     let run = Run {
+        replica: replica.clone(),
+        on_finish,
         words: OutputWords::new(&request.prompt),
         request,
         meta,
@@ -230,8 +450,56 @@ fn dropped() -> std::io::Error {
     )
 }
 
+/// What a P/D leg adds when it finishes.
+enum PdFinish {
+    None,
+    /// vLLM prefill leg, before its engine id is known.
+    VllmAnswer,
+    /// vLLM prefill leg: `kv_transfer_params` for the decode leg (non-streamed answers carry it).
+    VllmParams(serde_json::Value),
+    /// SGLang prefill leg: the room whose KV is held once the request finishes.
+    Room(u64),
+    /// SGLang decode leg: a failed transfer is reported with the room.
+    SglangDecode(u64),
+}
+
+impl Run {
+    /// Marks the SGLang room ready (or failed) as the prefill leg finishes.
+    fn finish_room(&self, reason: FinishReason, prompt_tokens: u32) {
+        if let PdFinish::Room(room) = self.on_finish {
+            let state = if reason == FinishReason::Length {
+                RoomState::Ready { id: self.stream.id, tokens: prompt_tokens }
+            } else {
+                RoomState::Failed
+            };
+            self.replica.rooms.set(room, state);
+        }
+    }
+
+    /// The error a failed KV load gives the client, in the imitated engine's words.
+    fn load_error(&self) -> (StatusCode, &'static str, String) {
+        match self.on_finish {
+            PdFinish::SglangDecode(room) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                format!(
+                    "KVTransferError(bootstrap_room={room}): Failed to get kvcache from prefill instance, it might be dead"
+                ),
+            ),
+            // vLLM's GenerationError for finish reason `error` (kv_load_failure_policy = fail).
+            _ => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "Internal server error".to_string(),
+            ),
+        }
+    }
+}
+
 /// One accepted request being turned into a response.
 struct Run {
+    replica: Arc<Replica>,
+    on_finish: PdFinish,
     request: GenerationRequest,
     meta: ResponseMeta,
     stream: RequestStream,
@@ -266,6 +534,7 @@ impl Run {
                 }
                 StreamEvent::Token { .. } => text.push_str(&self.words.next().unwrap_or_default()),
                 StreamEvent::Finished { reason, prompt_tokens, output_tokens, cached_tokens } => {
+                    self.finish_room(reason, prompt_tokens);
                     let usage = Usage {
                         prompt_tokens: prompt_tokens as usize,
                         completion_tokens: output_tokens as usize,
@@ -286,7 +555,15 @@ impl Run {
                 "replica is shutting down",
             );
         };
-        let body = self.meta.full_response(&outcome.text, outcome.reason.as_str(), outcome.usage).to_string();
+        if outcome.reason == FinishReason::Error {
+            let (status, kind, message) = self.load_error();
+            return error_response(status, kind, &message);
+        }
+        let mut body = self.meta.full_response(&outcome.text, outcome.reason.as_str(), outcome.usage);
+        if let PdFinish::VllmParams(params) = &self.on_finish {
+            body["kv_transfer_params"] = params.clone();
+        }
+        let body = body.to_string();
         if self.drop_mid_stream {
             // Half the JSON, then the connection breaks.
             let body = Bytes::from(body.into_bytes());
@@ -324,6 +601,16 @@ impl Run {
                     self.meta.token_chunk(&self.words.next().unwrap_or_default(), false)
                 }
                 StreamEvent::Finished { reason, prompt_tokens, output_tokens, cached_tokens } => {
+                    self.finish_room(reason, prompt_tokens);
+                    if reason == FinishReason::Error {
+                        // vLLM ends the stream with an error event (the headers have gone out as 200).
+                        let (status, kind, message) = self.load_error();
+                        let error = json!({"error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}});
+                        if send(openai::sse_event(&error)).await {
+                            let _ = send(SSE_DONE.to_string()).await;
+                        }
+                        return;
+                    }
                     if !send(openai::sse_event(&self.meta.finish_chunk(reason.as_str()))).await {
                         return;
                     }

@@ -13,5 +13,7 @@ mod serve;
 mod serve_faults;
 #[path = "sim/serve_kv.rs"]
 mod serve_kv;
+#[path = "sim/serve_pd.rs"]
+mod serve_pd;
 #[path = "sim/serve_scale.rs"]
 mod serve_scale;

@@ -2,6 +2,7 @@
 //!
 //! - [`exposition`]: the Prometheus / OpenMetrics text parser (pure).
 //! - [`engines`]: engine detection and where each engine keeps each signal (pure).
+//! - [`pd`]: disaggregated prefill/decode figures (per-role queues, KV transfers) (pure).
 //! - [`signals`]: readings, and signals from a window of readings (pure).
 //! - [`scrape`]: fetching one endpoint with a deadline and a size cap (I/O).
 //! - [`scheduler`]: scraping many targets, each on its own interval, with a concurrency limit,
@@ -12,6 +13,7 @@
 
 pub mod engines;
 pub mod exposition;
+pub mod pd;
 pub mod prometheus;
 pub mod scheduler;
 pub mod scrape;

@@ -3,6 +3,8 @@
 
 #[path = "telemetry/fixtures.rs"]
 mod fixtures;
+#[path = "telemetry/pd.rs"]
+mod pd;
 #[path = "telemetry/prometheus.rs"]
 mod prometheus;
 #[path = "telemetry/scheduler.rs"]

@@ -17,7 +17,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::EngineConfig;
+use super::{EngineConfig, LoadFailurePolicy, TransferCost};
 
 /// The profile `EngineConfig::default()` uses.
 pub const DEFAULT_PROFILE: &str = "llama-3.1-8b-h100";
@@ -215,6 +215,8 @@ impl Profile {
             token_events: false,
             kv_events: false,
             cost: self.cost.clone(),
+            kv_transfer: TransferCost::default(),
+            kv_load_failure_policy: LoadFailurePolicy::default(),
         }
     }
 }

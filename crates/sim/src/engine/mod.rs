@@ -37,6 +37,7 @@
 
 pub mod cost;
 pub mod kv;
+pub mod pd;
 mod scheduler;
 pub mod tokenize;
 
@@ -48,6 +49,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cost::{CostProfile, Profile, ProfileError};
 pub use kv::KvCache;
+pub use pd::{LoadFailurePolicy, RemoteKv, TransferCost};
 pub use scheduler::EngineModel;
 pub use tokenize::Prompt;
 
@@ -77,6 +79,10 @@ pub struct EngineConfig {
     pub kv_events: bool,
     /// Step cost figures.
     pub cost: CostProfile,
+    /// What moving a request's KV between replicas costs (disaggregated prefill/decode).
+    pub kv_transfer: TransferCost,
+    /// What a failed KV load does (vLLM's `kv_load_failure_policy`).
+    pub kv_load_failure_policy: LoadFailurePolicy,
 }
 
 impl Default for EngineConfig {
@@ -123,6 +129,11 @@ impl EngineConfig {
                 "use a positive token budget",
             );
         }
+        self.kv_transfer.validate().map_err(|fix| ConfigError {
+            field: "kv_transfer",
+            value: format!("{:?}", self.kv_transfer),
+            fix,
+        })?;
         self.cost.validate().map_err(|e| ConfigError { field: e.field, value: e.value, fix: e.fix })
     }
 }
@@ -152,12 +163,17 @@ pub struct EngineRequest {
     /// Tokens to generate (at least 1: a request that asks for 0 still samples one, as vLLM requires
     /// `max_tokens >= 1`).
     pub max_output_tokens: u32,
+    /// Prefill side of a disaggregated request: when it finishes, its KV blocks stay held this long (the
+    /// lease) for the decode side to pull, then are freed ([`EngineModel::release_held`] frees them sooner).
+    pub hold_for: Option<Micros>,
+    /// Decode side of a disaggregated request: the prompt's KV is pulled from a prefill replica.
+    pub remote: Option<RemoteKv>,
 }
 
 impl EngineRequest {
     /// A request generating `max_output_tokens` tokens.
     pub fn new(id: u64, prompt: Prompt, max_output_tokens: u32) -> Self {
-        Self { id, prompt, max_output_tokens }
+        Self { id, prompt, max_output_tokens, hold_for: None, remote: None }
     }
 }
 
@@ -169,6 +185,8 @@ pub enum FinishReason {
     Length,
     /// Aborted by the caller (vLLM's `abort`).
     Abort,
+    /// Failed in the engine: a KV load failed under [`LoadFailurePolicy::Fail`] (vLLM's `error`).
+    Error,
 }
 
 impl FinishReason {
@@ -177,6 +195,7 @@ impl FinishReason {
         match self {
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -261,6 +280,58 @@ pub enum EngineEvent {
         /// When the request was added.
         arrived_at: Micros,
     },
+    /// Prefill side: the request finished and its blocks are held for the decode side until `until`.
+    Held {
+        /// Request id.
+        id: u64,
+        /// When.
+        at: Micros,
+        /// Prompt tokens whose KV is held.
+        tokens: u32,
+        /// Blocks held.
+        blocks: u32,
+        /// When the lease runs out.
+        until: Micros,
+    },
+    /// Prefill side: held blocks were freed, pulled by the decode side or because the lease ran out.
+    HoldReleased {
+        /// Request id.
+        id: u64,
+        /// When.
+        at: Micros,
+        /// The lease ran out before a pull.
+        expired: bool,
+    },
+    /// Decode side: the request's blocks are allocated and its KV transfer started.
+    LoadStarted {
+        /// Request id.
+        id: u64,
+        /// When.
+        at: Micros,
+        /// Prompt tokens found in the local prefix cache (not pulled).
+        local_tokens: u32,
+        /// Tokens pulled.
+        tokens: u32,
+        /// When the transfer ends.
+        done_at: Micros,
+    },
+    /// Decode side: the KV transfer ended.
+    LoadDone {
+        /// Request id.
+        id: u64,
+        /// When.
+        at: Micros,
+        /// When it started.
+        started_at: Micros,
+        /// Tokens pulled.
+        tokens: u32,
+        /// Bytes moved.
+        bytes: u64,
+        /// Blocks written (vLLM's descriptors).
+        blocks: u32,
+        /// Whether it failed (then the policy applies: a `Finished` with `error`, or a local prefill).
+        failed: bool,
+    },
     /// A KV-cache event.
     Kv {
         /// When.
@@ -299,6 +370,20 @@ pub struct EngineStats {
     pub finished_abort: u64,
     /// Counter: model steps executed (a coalesced decode run counts each step).
     pub steps: u64,
+    /// Counter: requests finished with `error` (a failed KV load under the `fail` policy).
+    pub finished_error: u64,
+    /// Gauge: decode side, requests whose KV transfer is running (also counted in `waiting`).
+    pub loading: u32,
+    /// Gauge: prefill side, finished requests whose blocks are held for a pull.
+    pub held: u32,
+    /// Counter: KV transfers that completed.
+    pub kv_loads: u64,
+    /// Counter: KV transfers that failed.
+    pub kv_load_failures: u64,
+    /// Counter: tokens whose KV was pulled successfully.
+    pub kv_loaded_tokens: u64,
+    /// Counter: held requests freed because their lease ran out.
+    pub kv_expired_holds: u64,
 }
 
 impl EngineStats {

@@ -18,7 +18,7 @@ use super::kv::{BlockId, KvCache, cacheable_blocks};
 use super::tokenize::Prompt;
 use super::{
     AddError, ConfigError, EngineConfig, EngineEvent, EngineRequest, EngineStats, FinishReason, KvEventKind,
-    Micros,
+    LoadFailurePolicy, Micros, RemoteKv,
 };
 
 #[derive(Clone, Debug)]
@@ -37,6 +37,28 @@ struct Seq {
     cached_tokens: Option<u32>,
     first_token_at: Option<Micros>,
     aborted: bool,
+    /// Prefill side: keep the blocks held this long after finishing.
+    hold_for: Option<Micros>,
+    /// Decode side: the prompt's KV is still to be pulled.
+    remote: Option<RemoteKv>,
+}
+
+/// A decode-side request whose KV transfer is running.
+#[derive(Clone, Debug)]
+struct Loading {
+    seq: Seq,
+    started_at: Micros,
+    done_at: Micros,
+    tokens: u32,
+    fail: bool,
+}
+
+/// A finished prefill-side request's blocks, held for the decode side.
+#[derive(Clone, Debug)]
+struct Held {
+    id: u64,
+    blocks: Vec<BlockId>,
+    until: Micros,
 }
 
 impl Seq {
@@ -77,6 +99,11 @@ pub struct EngineModel {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     live: HashSet<u64>,
+    /// Decode side: transfers in flight, and loaded requests waiting for their first step.
+    loading: Vec<Loading>,
+    ready: VecDeque<Seq>,
+    /// Prefill side: finished requests' blocks held for a pull.
+    held: Vec<Held>,
     step: Option<Step>,
     /// Latest time seen; an idle engine never starts a step before it.
     clock: Micros,
@@ -95,6 +122,9 @@ impl EngineModel {
             waiting: VecDeque::new(),
             running: Vec::new(),
             live: HashSet::new(),
+            loading: Vec::new(),
+            ready: VecDeque::new(),
+            held: Vec::new(),
             step: None,
             clock: 0,
             stats,
@@ -130,9 +160,40 @@ impl EngineModel {
         self.live.len()
     }
 
-    /// When the step in flight ends (`None` when idle).
+    /// When the engine next has something to do: the step in flight ends, a KV transfer ends or a held
+    /// request's lease runs out (`None` when idle).
     pub fn next_step_at(&self) -> Option<Micros> {
-        self.step.as_ref().map(|s| s.end)
+        [self.step.as_ref().map(|s| s.end), self.next_load_done(), self.next_lease_end()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn next_load_done(&self) -> Option<Micros> {
+        self.loading.iter().map(|l| l.done_at).min()
+    }
+
+    fn next_lease_end(&self) -> Option<Micros> {
+        self.held.iter().map(|h| h.until).min()
+    }
+
+    /// Prefill side: whether request `id`'s blocks are held now.
+    pub fn is_held(&self, id: u64) -> bool {
+        self.held.iter().any(|h| h.id == id)
+    }
+
+    /// Prefill side: the decode side pulled request `id`'s KV; its held blocks are freed at `now`. Returns
+    /// false when nothing is held under `id` (never was, already pulled, or the lease ran out).
+    pub fn release_held(&mut self, id: u64, now: Micros, out: &mut impl FnMut(EngineEvent)) -> bool {
+        let Some(position) = self.held.iter().position(|h| h.id == id) else { return false };
+        self.clock = self.clock.max(now);
+        let held = self.held.swap_remove(position);
+        for block in held.blocks.into_iter().rev() {
+            self.kv.release(block);
+        }
+        out(EngineEvent::HoldReleased { id, at: now, expired: false });
+        self.refresh_gauges();
+        true
     }
 
     /// Queues a request arriving at `now`. An idle engine starts a step at once (events of forming it,
@@ -167,6 +228,8 @@ impl EngineModel {
             cached_tokens: None,
             first_token_at: None,
             aborted: false,
+            hold_for: request.hold_for,
+            remote: request.remote,
         });
         if self.step.is_some() {
             self.cut_run(now);
@@ -189,6 +252,16 @@ impl EngineModel {
             self.release_blocks(&mut seq);
             self.stats.finished_abort += 1;
             out(finished(&seq, now, FinishReason::Abort));
+        } else if let Some(position) = self.loading.iter().position(|l| l.seq.id == id) {
+            let mut seq = self.loading.swap_remove(position).seq;
+            self.release_blocks(&mut seq);
+            self.stats.finished_abort += 1;
+            out(finished(&seq, now, FinishReason::Abort));
+        } else if let Some(position) = self.ready.iter().position(|s| s.id == id) {
+            let mut seq = self.ready.remove(position).expect("position is in range");
+            self.release_blocks(&mut seq);
+            self.stats.finished_abort += 1;
+            out(finished(&seq, now, FinishReason::Abort));
         } else if let Some(position) = self.running.iter().position(|s| s.id == id && !s.aborted) {
             let blocks = std::mem::take(&mut self.running[position].blocks);
             for block in blocks.into_iter().rev() {
@@ -205,15 +278,90 @@ impl EngineModel {
         true
     }
 
-    /// Commits every step that ends at or before `now`, forming the next one each time.
+    /// Handles everything due at or before `now` in time order (transfers ending first, then leases
+    /// running out, then steps ending), forming the next step each time.
     pub fn advance_to(&mut self, now: Micros, out: &mut impl FnMut(EngineEvent)) {
-        while let Some(step) = self.step.take_if(|s| s.end <= now) {
-            self.clock = self.clock.max(step.end);
-            self.commit(step, out);
-            self.form_step(self.clock, out);
+        loop {
+            if let Some(at) = self.next_load_done().filter(|&at| at <= now) {
+                self.clock = self.clock.max(at);
+                self.finish_loads(at, out);
+                if self.step.is_none() {
+                    self.form_step(self.clock, out);
+                }
+            } else if let Some(at) = self.next_lease_end().filter(|&at| at <= now) {
+                self.clock = self.clock.max(at);
+                self.expire_holds(at, out);
+                if self.step.is_none() {
+                    self.form_step(self.clock, out);
+                }
+            } else if let Some(step) = self.step.take_if(|s| s.end <= now) {
+                self.clock = self.clock.max(step.end);
+                self.commit(step, out);
+                self.form_step(self.clock, out);
+            } else {
+                break;
+            }
         }
         self.clock = self.clock.max(now);
         self.refresh_gauges();
+    }
+
+    /// Ends every transfer due at `at`: a loaded request waits for its first step with all but the
+    /// prompt's last token computed; a failed one follows the load failure policy.
+    fn finish_loads(&mut self, at: Micros, out: &mut impl FnMut(EngineEvent)) {
+        let mut index = 0;
+        while index < self.loading.len() {
+            if self.loading[index].done_at > at {
+                index += 1;
+                continue;
+            }
+            let Loading { mut seq, started_at, tokens, fail, .. } = self.loading.swap_remove(index);
+            let bytes = self.config.kv_transfer.bytes(tokens);
+            let blocks = tokens.div_ceil(self.block_tokens());
+            out(EngineEvent::LoadDone { id: seq.id, at, started_at, tokens, bytes, blocks, failed: fail });
+            if fail {
+                self.stats.kv_load_failures += 1;
+                self.release_blocks(&mut seq);
+                seq.computed = 0;
+                seq.hashed_blocks = 0;
+                seq.remote = None;
+                match self.config.kv_load_failure_policy {
+                    LoadFailurePolicy::Recompute => {
+                        seq.cached_tokens = None;
+                        self.waiting.push_front(seq);
+                    }
+                    LoadFailurePolicy::Fail => {
+                        self.live.remove(&seq.id);
+                        self.stats.finished_error += 1;
+                        out(finished(&seq, at, FinishReason::Error));
+                    }
+                }
+            } else {
+                self.stats.kv_loads += 1;
+                self.stats.kv_loaded_tokens += u64::from(tokens);
+                seq.computed = seq.prompt.tokens.saturating_sub(1);
+                seq.cached_tokens = Some(seq.computed);
+                seq.remote = None;
+                self.ready.push_back(seq);
+            }
+        }
+    }
+
+    /// Frees the held blocks whose lease ended at or before `at`.
+    fn expire_holds(&mut self, at: Micros, out: &mut impl FnMut(EngineEvent)) {
+        let mut index = 0;
+        while index < self.held.len() {
+            if self.held[index].until > at {
+                index += 1;
+                continue;
+            }
+            let held = self.held.swap_remove(index);
+            for block in held.blocks.into_iter().rev() {
+                self.kv.release(block);
+            }
+            self.stats.kv_expired_holds += 1;
+            out(EngineEvent::HoldReleased { id: held.id, at, expired: true });
+        }
     }
 
     /// Drops every cached prefix (vLLM's `/reset_prefix_cache`) when no request holds blocks; emits
@@ -228,7 +376,9 @@ impl EngineModel {
 
     fn refresh_gauges(&mut self) {
         self.stats.running = self.running.iter().filter(|s| !s.aborted).count() as u32;
-        self.stats.waiting = self.waiting.len() as u32;
+        self.stats.waiting = (self.waiting.len() + self.loading.len() + self.ready.len()) as u32;
+        self.stats.loading = self.loading.len() as u32;
+        self.stats.held = self.held.len() as u32;
         self.stats.used_blocks = self.kv.used_blocks();
     }
 
@@ -337,8 +487,27 @@ impl EngineModel {
         }
         // Then waiting requests, unless this step had to preempt (vLLM does not admit then).
         if !preempted || scheduled.is_empty() {
+            // Loaded requests first: their blocks are held already and one token is left to compute.
+            while budget > 0 && (self.running.len() as u32) < self.config.max_num_seqs {
+                let Some(mut seq) = self.ready.pop_front() else { break };
+                let want = (seq.total() - seq.computed).min(budget);
+                let need = self.blocks_for(seq.computed + want);
+                let mut blocks = std::mem::take(&mut seq.blocks);
+                self.grow(&mut blocks, need, start, out);
+                seq.blocks = blocks;
+                out(EngineEvent::Scheduled { id: seq.id, at: start, cached_tokens: seq.computed });
+                budget -= want;
+                scheduled.push((self.running.len(), want));
+                self.running.push(seq);
+            }
             while budget > 0 && (self.running.len() as u32) < self.config.max_num_seqs {
                 let Some(seq) = self.waiting.front() else { break };
+                if let Some(remote) = seq.remote {
+                    if self.start_load(remote, start, out) {
+                        continue;
+                    }
+                    break;
+                }
                 let (hit_blocks, free_hits) = if self.config.enable_prefix_caching {
                     // Over the whole sequence: a preempted request comes back with its output so far.
                     let limit =
@@ -402,6 +571,10 @@ impl EngineModel {
             }
         }
         self.step = Some(Step { start, end: start + duration, scheduled, kind });
+        // A transfer ending during a decode run lets its request join at the next step boundary.
+        if let Some(at) = self.next_load_done() {
+            self.cut_run(at);
+        }
     }
 
     /// Longest run of pure-decode steps every running sequence can take: until the first finishes, and
@@ -474,7 +647,20 @@ impl EngineModel {
             if seq.aborted || seq.output >= seq.max_output {
                 let mut seq = self.running.remove(index);
                 if !seq.aborted {
-                    self.release_blocks(&mut seq);
+                    match seq.hold_for {
+                        Some(lease) => {
+                            let blocks = std::mem::take(&mut seq.blocks);
+                            out(EngineEvent::Held {
+                                id: seq.id,
+                                at: end,
+                                tokens: seq.prompt.tokens,
+                                blocks: blocks.len() as u32,
+                                until: end + lease,
+                            });
+                            self.held.push(Held { id: seq.id, blocks, until: end + lease });
+                        }
+                        None => self.release_blocks(&mut seq),
+                    }
                     self.live.remove(&seq.id);
                     self.stats.finished_length += 1;
                     out(finished(&seq, end, FinishReason::Length));
@@ -483,6 +669,41 @@ impl EngineModel {
                 index += 1;
             }
         }
+    }
+
+    /// Starts the transfer of the waiting head's prompt KV if blocks for the whole prompt can be had;
+    /// returns whether it did.
+    fn start_load(&mut self, remote: RemoteKv, start: Micros, out: &mut impl FnMut(EngineEvent)) -> bool {
+        let Some(seq) = self.waiting.front() else { return false };
+        let (hit_blocks, free_hits) = if remote.use_local_cache && self.config.enable_prefix_caching {
+            let limit =
+                cacheable_blocks(seq.prompt.tokens, self.block_tokens(), seq.prompt.block_hashes.len());
+            self.kv.lookup(&seq.prompt.block_hashes[..limit])
+        } else {
+            (0, 0)
+        };
+        let local = hit_blocks as u32 * self.block_tokens();
+        let need = self.blocks_for(seq.prompt.tokens).saturating_sub(hit_blocks);
+        if (self.kv.free_blocks() - free_hits) < need as u32 {
+            return false;
+        }
+        let mut seq = self.waiting.pop_front().expect("front exists");
+        for hash in &seq.prompt.block_hashes[..hit_blocks] {
+            let block = self.kv.acquire_cached(*hash).expect("looked up just now");
+            seq.blocks.push(block);
+        }
+        seq.hashed_blocks = hit_blocks;
+        let mut blocks = std::mem::take(&mut seq.blocks);
+        self.grow(&mut blocks, hit_blocks + need, start, out);
+        seq.blocks = blocks;
+        self.stats.prefix_cache_queries_tokens += u64::from(seq.prompt.tokens);
+        self.stats.prefix_cache_hits_tokens += u64::from(local);
+        let tokens = seq.prompt.tokens - local;
+        let done_at = start + self.config.kv_transfer.duration_us(tokens);
+        out(EngineEvent::LoadStarted { id: seq.id, at: start, local_tokens: local, tokens, done_at });
+        self.cut_run(done_at);
+        self.loading.push(Loading { seq, started_at: start, done_at, tokens, fail: remote.fail });
+        true
     }
 
     /// Samples `count` tokens for running sequence `i` (the last at `at`).
@@ -588,6 +809,8 @@ mod tests {
                 decode_seq_us: 100.0,
                 decode_ctx_us_per_ktok: 0.0,
             },
+            kv_transfer: crate::engine::TransferCost::default(),
+            kv_load_failure_policy: LoadFailurePolicy::default(),
         }
     }
 
@@ -782,6 +1005,132 @@ mod tests {
             assert_eq!(engine.stats().generation_tokens, 105);
         }
         assert_eq!(finishes[0], finishes[1], "coalescing changes speed, not results");
+    }
+
+    /// `config` with a KV link where a token's KV takes 1 us on the wire and a transfer 100 us more.
+    fn pd_config(policy: LoadFailurePolicy) -> EngineConfig {
+        EngineConfig {
+            kv_transfer: crate::engine::TransferCost { bytes_per_token: 1000, gbps: 8.0, latency_us: 100 },
+            kv_load_failure_policy: policy,
+            ..config(64, 8, 64)
+        }
+    }
+
+    fn remote(id: u64, prompt: Prompt, output: u32, fail: bool) -> EngineRequest {
+        EngineRequest {
+            remote: Some(RemoteKv { use_local_cache: true, fail }),
+            ..EngineRequest::new(id, prompt, output)
+        }
+    }
+
+    #[test]
+    fn a_held_prefill_keeps_its_blocks_until_pulled_or_until_the_lease_ends() {
+        let mut engine = EngineModel::new(config(64, 8, 64)).expect("valid");
+        let mut events = Vec::new();
+        let held = EngineRequest { hold_for: Some(50_000), ..EngineRequest::new(1, prompt(1, 20), 1) };
+        engine.add_request(held, 0, &mut |e| events.push(e)).expect("added");
+        let done = engine.next_step_at().expect("a step");
+        engine.advance_to(done, &mut |e| events.push(e));
+        assert_eq!(finished_at(&events, 1), Some(done), "the prefill leg answers at once");
+        assert!(engine.is_held(1));
+        assert_eq!(
+            (engine.stats().held, engine.stats().used_blocks),
+            (1, 5),
+            "20 prompt tokens in blocks of 4"
+        );
+        assert!(engine.release_held(1, done + 10, &mut |e| events.push(e)));
+        assert!(!engine.release_held(1, done + 10, &mut |e| events.push(e)), "a second pull finds nothing");
+        assert_eq!((engine.stats().held, engine.stats().used_blocks), (0, 0));
+        assert!(events.iter().any(|e| matches!(e, EngineEvent::HoldReleased { id: 1, expired: false, .. })));
+        assert!(engine.kv().contains(1000), "pulled blocks stay in the prefix cache");
+
+        // Never pulled: the lease ends, the blocks are freed and the expiry counted.
+        let held = EngineRequest { hold_for: Some(50_000), ..EngineRequest::new(2, prompt(2, 20), 1) };
+        engine.add_request(held, 100_000, &mut |e| events.push(e)).expect("added");
+        run(&mut engine, &mut events);
+        let finished = finished_at(&events, 2).expect("finished");
+        assert!(events.iter().any(|e| matches!(e, EngineEvent::HoldReleased { id: 2, expired: true, at, .. } if *at == finished + 50_000)));
+        assert_eq!(
+            (engine.stats().held, engine.stats().used_blocks, engine.stats().kv_expired_holds),
+            (0, 0, 1)
+        );
+        assert!(!engine.release_held(2, finished + 60_000, &mut |e| events.push(e)), "too late to pull");
+    }
+
+    #[test]
+    fn a_remote_prefill_waits_for_its_transfer_then_computes_only_the_last_token() {
+        let mut engine = EngineModel::new(pd_config(LoadFailurePolicy::Fail)).expect("valid");
+        let mut events = Vec::new();
+        engine.add_request(remote(1, prompt(1, 40), 3, false), 0, &mut |e| events.push(e)).expect("added");
+        assert_eq!((engine.stats().waiting, engine.stats().loading, engine.stats().running), (1, 1, 0));
+        assert_eq!(engine.next_step_at(), Some(100 + 40), "40 tokens' KV at 1 us each plus the latency");
+        run(&mut engine, &mut events);
+        let first = events.iter().find_map(|e| match e {
+            EngineEvent::FirstToken { id: 1, at, cached_tokens } => Some((*at, *cached_tokens)),
+            _ => None,
+        });
+        assert_eq!(first, Some((140 + 1000 + 10, 39)), "one step computing the last prompt token");
+        assert_eq!(engine.stats().computed_prefill_tokens, 1, "the prompt was not recomputed");
+        assert_eq!((engine.stats().kv_loads, engine.stats().kv_loaded_tokens), (1, 40));
+        assert_eq!(engine.stats().used_blocks, 0);
+
+        // The same prompt again: the locally cached prefix (9 full blocks of 10) is not pulled again, and
+        // a longer prompt takes longer on the wire.
+        events.clear();
+        engine
+            .add_request(remote(2, prompt(1, 40), 1, false), 1_000_000, &mut |e| events.push(e))
+            .expect("added");
+        engine
+            .add_request(remote(3, prompt(3, 80), 1, false), 1_000_000, &mut |e| events.push(e))
+            .expect("added");
+        run(&mut engine, &mut events);
+        let loads: Vec<(u64, u32, u32, Micros)> = events
+            .iter()
+            .filter_map(|e| match e {
+                EngineEvent::LoadStarted { id, local_tokens, tokens, done_at, at } => {
+                    Some((*id, *local_tokens, *tokens, done_at - at))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(loads, vec![(2, 36, 4, 104), (3, 0, 80, 180)]);
+    }
+
+    #[test]
+    fn a_failed_load_fails_the_request_or_recomputes_it_as_the_policy_says() {
+        let mut engine = EngineModel::new(pd_config(LoadFailurePolicy::Fail)).expect("valid");
+        let mut events = Vec::new();
+        engine.add_request(remote(1, prompt(1, 40), 3, true), 0, &mut |e| events.push(e)).expect("added");
+        run(&mut engine, &mut events);
+        assert!(
+            events.iter().any(|e| matches!(e, EngineEvent::LoadDone { id: 1, failed: true, at: 140, .. }))
+        );
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                EngineEvent::Finished { id: 1, reason: FinishReason::Error, at: 140, .. }
+            ))
+        );
+        assert_eq!(first_token_cached(&events, 1), None);
+        let stats = engine.stats();
+        assert_eq!(
+            (stats.finished_error, stats.kv_load_failures, stats.used_blocks, stats.computed_prefill_tokens),
+            (1, 1, 0, 0)
+        );
+        assert_eq!(engine.live_requests(), 0);
+
+        let mut engine = EngineModel::new(pd_config(LoadFailurePolicy::Recompute)).expect("valid");
+        let mut events = Vec::new();
+        engine.add_request(remote(1, prompt(1, 40), 3, true), 0, &mut |e| events.push(e)).expect("added");
+        run(&mut engine, &mut events);
+        assert_eq!(first_token_cached(&events, 1), Some(0), "the prompt is computed locally");
+        assert_eq!(engine.stats().computed_prefill_tokens, 40);
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, EngineEvent::Finished { id: 1, reason: FinishReason::Length, .. }))
+        );
+        assert_eq!(engine.stats().used_blocks, 0);
     }
 
     #[test]

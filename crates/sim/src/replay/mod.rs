@@ -285,7 +285,13 @@ fn on_event(policy: &mut PolicyEngine, outcomes: &mut [Outcome], replica: u32, e
             };
             let _ = policy.on_kv_event(ReplicaId(replica), &event, at / 1000);
         }
-        EngineEvent::Scheduled { .. } | EngineEvent::Token { .. } | EngineEvent::Preempted { .. } => {}
+        EngineEvent::Scheduled { .. }
+        | EngineEvent::Token { .. }
+        | EngineEvent::Preempted { .. }
+        | EngineEvent::Held { .. }
+        | EngineEvent::HoldReleased { .. }
+        | EngineEvent::LoadStarted { .. }
+        | EngineEvent::LoadDone { .. } => {}
     }
 }
 

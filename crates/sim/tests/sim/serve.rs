@@ -91,14 +91,18 @@ print(json.dumps(families))
 "#;
 
 /// Lint findings that the real engines' own metrics produce too: vLLM and SGLang put a colon in
-/// every name (Prometheus reserves colons for recording rules), and vLLM names a histogram
-/// `iteration_tokens_total`. Anything else promtool says is a failure.
-const ENGINE_LINTS: [&str; 2] =
-    ["metric names should not contain ':'", "non-counter metrics should not have \"_total\" suffix"];
+/// every name (Prometheus reserves colons for recording rules), vLLM names a histogram
+/// `iteration_tokens_total`, and SGLang's P/D gauges end in `_ms` and `_gb_s`. Anything else
+/// promtool says is a failure.
+const ENGINE_LINTS: [&str; 3] = [
+    "metric names should not contain ':'",
+    "non-counter metrics should not have \"_total\" suffix",
+    "metric names should not contain abbreviated units",
+];
 
 /// `promtool check metrics`: exit 0 (clean) or 3 (lint findings only, each one the engines' own);
 /// 1 means the text does not parse.
-fn promtool_check(text: &str) -> Result<String> {
+pub(crate) fn promtool_check(text: &str) -> Result<String> {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -400,5 +400,5 @@ fn every_fixture_cites_the_source_of_its_names() {
         assert!(text.starts_with("# Source of names"), "{} does not cite its source", path.display());
         count += 1;
     }
-    assert_eq!(count, 22);
+    assert_eq!(count, 26);
 }
