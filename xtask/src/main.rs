@@ -355,7 +355,12 @@ fn test() -> Result<()> {
             &[&["clippy", "--all-targets"][..], &features, &["--", "-D", "warnings"]].concat(),
             &[],
         )?;
-        let filter = ["--test", "router", "--", "features::"];
-        run(cargo(), &[&["test"][..], &features, &filter].concat(), &[("FLEETDECK_BIN_DIR", &bin_dir)])
+        // `vllm::`: kv_precise on real vLLM (chat templates need the tokenizer feature).
+        let filter = ["--test", "router", "--", "features::", "vllm::"];
+        run(
+            cargo(),
+            &[&["test"][..], &features, &filter].concat(),
+            &[("FLEETDECK_BIN_DIR", &bin_dir), ("FLEETDECK_VLLM_DIR", &vllm)],
+        )
     })
 }

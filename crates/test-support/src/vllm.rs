@@ -185,8 +185,10 @@ async fn start(
 ) -> Result<(ChildProcess, tempfile::NamedTempFile)> {
     let build = vllm_build()?;
     let log = tempfile::Builder::new().prefix("vllm-").suffix(".log").tempfile()?;
+    // vLLM binds its PUB socket only for a wildcard endpoint (`tcp://*:PORT`); `tcp://HOST:PORT` would make it
+    // connect to a subscriber that binds.
     let kv_events = format!(
-        r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:{kv_port}","topic":"kv-events"}}"#
+        r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:{kv_port}","topic":"kv-events"}}"#
     );
     let mut command = Command::new(&build.python);
     command
