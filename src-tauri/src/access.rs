@@ -121,9 +121,9 @@ impl Gate {
         }
     }
 
-    /// The session cookie, or the launch secret as a bearer token.
+    /// The session cookie, or the launch secret as a bearer token (the scheme in any case, RFC 7235).
     pub fn check_auth(&self, cookies: Option<&str>, authorization: Option<&str>) -> Result<(), Refusal> {
-        let bearer = authorization.and_then(|a| a.trim().strip_prefix("Bearer ")).map(str::trim);
+        let bearer = authorization.and_then(fleet_router::admin::bearer_token);
         if bearer.is_some_and(|token| self.launch.matches(token)) {
             return Ok(());
         }
@@ -181,6 +181,17 @@ impl Gate {
             ),
         ))
     }
+}
+
+/// Where a sign-in sends the browser back to: the path it asked for when that is a path of this server,
+/// else `/`. A path starting `//` (or `/\`, or with a backslash or a control character anywhere) is one a
+/// browser reads as another host (`GET //evil.example?token=...` would answer `Location: //evil.example`).
+pub fn local_redirect(path: &str) -> &str {
+    let local = path.starts_with('/')
+        && !path.starts_with("//")
+        && !path.contains('\\')
+        && !path.chars().any(|c| c.is_control());
+    if local { path } else { "/" }
 }
 
 /// Where the server may listen: loopback always; beyond it only with TLS, because the session
@@ -255,6 +266,9 @@ mod tests {
             (None, Some("Bearer session-1")),
             (None, Some("Basic launch-1")),
         ];
+        for authorization in ["bearer launch-1", "BEARER launch-1", "Bearer  launch-1 "] {
+            assert_eq!(gate.check_auth(None, Some(authorization)), Ok(()), "{authorization:?}");
+        }
         for (cookies, authorization) in cases {
             let refusal = gate.check_auth(cookies, authorization).unwrap_err();
             assert_eq!(
@@ -275,6 +289,18 @@ mod tests {
         assert_eq!(gate.sign_in(Some("token=launch-2")).unwrap().unwrap_err().status, 401);
         let tls = Gate::new("l".into(), "s".into(), "127.0.0.1:1".parse().unwrap(), &[], true);
         assert!(tls.sign_in(Some("token=l")).unwrap().unwrap().ends_with("; Secure"));
+    }
+
+    #[test]
+    fn a_sign_in_goes_back_to_a_path_of_this_server_only() {
+        for path in ["/", "/index.html", "/a/b", "/a//b"] {
+            assert_eq!(local_redirect(path), path);
+        }
+        for path in
+            ["//evil.example", "///evil.example", "/\\evil.example", "/a\\b", "/\t/evil.example", "evil", ""]
+        {
+            assert_eq!(local_redirect(path), "/", "{path:?}");
+        }
     }
 
     #[test]

@@ -258,6 +258,8 @@ fn main() -> Result<()> {
             listen: cli.listen,
             tls: cli.tls_cert.clone().zip(cli.tls_key.clone()),
             public_names: cli.public_names.clone(),
+            // Beside the database, with the settings and the token folder.
+            sign_in_file: db.parent().unwrap_or(std::path::Path::new(".")).join("sign-in-url"),
         };
         let served = runtime.block_on(headless::run(options, control, context, cancel.clone()));
         cancel.cancel();

@@ -82,11 +82,9 @@ async fn screenshot(browser: &Client, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Now in Unix milliseconds, in the unit the router's trace records carry.
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    u64::try_from(fleet_base::time::unix_ms_now()).unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,12 @@
 //! The headless app against an attacker on the same laptop: no sign-in, a cross-site page (CSRF), a
 //! DNS-rebinding page, SSRF and local-file reads through the API, listening beyond loopback in clear
-//! text. Each attack is sent for real to the `fleetdeck` binary and must change nothing.
+//! text; and the attack round's findings: a spec built to be slow, idle sockets by the hundred, the
+//! launch secret in a captured stdout, a sign-in sent elsewhere, client errors answered 500, a body over
+//! the limit answered in plain text, the scheme's case, files others can read. Each attack is sent for
+//! real to the `fleetdeck` binary and must change nothing; resource bounds are measured against the limits
+//! stated in each test.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use axum::Router;
@@ -10,7 +14,10 @@ use axum::routing::get;
 use fleet_sim::ModelConfig;
 use fleet_test_support::admin_router::spawn_admin_router;
 use fleet_test_support::endpoints::serve;
-use fleet_test_support::process::{HeadlessApp, bin_path, spawn_headless};
+use fleet_test_support::eventually;
+use fleet_test_support::process::{
+    HeadlessApp, bin_path, open_fds, sign_in_link, spawn_and_await_line, spawn_headless,
+};
 use fleet_test_support::spawn_sim;
 use fleet_test_support::tls::self_signed_certificate;
 use fleetdeck_api::ApiError;
@@ -215,12 +222,30 @@ async fn the_api_reads_no_local_file_and_echoes_no_body() -> Result<()> {
     let app = spawn_headless(&args, &[]).await?;
     let client = app.client()?;
 
-    for path in ["/etc/passwd", "../secret.jsonl", "/proc/self/environ"] {
+    std::os::unix::fs::symlink(dir.path().join("secret.jsonl"), traces.join("link.jsonl"))?;
+    std::os::unix::fs::symlink(dir.path().join("no-such.jsonl"), traces.join("dangling.jsonl"))?;
+    let mut answers = Vec::new();
+    for path in [
+        "/etc/passwd",
+        "/etc/no-such-file",
+        "../secret.jsonl",
+        "../no-such.jsonl",
+        "link.jsonl",
+        "dangling.jsonl",
+        "/proc/self/environ",
+    ] {
         let args = json!({"text": SPEC, "window_s": 600, "trace_path": path});
         let (status, error) = refusal(client.post(app.api("start_whatif")).json(&args).send().await?).await?;
         assert_eq!((status, error.code.as_str()), (StatusCode::FORBIDDEN, "forbidden_path"), "{path}");
         assert!(!error.message.contains("root:"), "{}", error.message);
+        answers.push(error.message.replacen(&format!("{path:?}"), "NAME", 1));
     }
+    // Whether something exists outside the folder or not, the answer is the same, word for word.
+    assert!(answers.windows(2).all(|pair| pair[0] == pair[1]), "{answers:#?}");
+    // A name missing inside the folder is the caller's mistake (400), not the app's failure.
+    let missing = json!({"text": SPEC, "window_s": 600, "trace_path": "missing.jsonl"});
+    let (status, error) = refusal(client.post(app.api("start_whatif")).json(&missing).send().await?).await?;
+    assert_eq!((status, error.code.as_str()), (StatusCode::BAD_REQUEST, "bad_trace"));
 
     // An internal page behind a URL the API is asked to add: its body never comes back.
     const SECRET: &str = "internal-secret-7d1f";
@@ -231,8 +256,17 @@ async fn the_api_reads_no_local_file_and_echoes_no_body() -> Result<()> {
             .route("/admin/state", get(|| async { (StatusCode::FORBIDDEN, format!("<h1>{SECRET}</h1>")) })),
     )
     .await?;
-    for (kind, token) in [("replica", None), ("prometheus", None), ("router", Some("t"))] {
-        let args = json!({"kind": kind, "url": internal.url(), "token": token});
+    // A "router" whose state is a string where an object belongs: serde's message quoted it.
+    let shaped =
+        serve(Router::new().route("/admin/state", get(|| async { format!(r#"{{"policy":"{SECRET}"}}"#) })))
+            .await?;
+    for (kind, token, url) in [
+        ("replica", None, internal.url()),
+        ("prometheus", None, internal.url()),
+        ("router", Some("t"), internal.url()),
+        ("router", Some("t"), shaped.url()),
+    ] {
+        let args = json!({"kind": kind, "url": url, "token": token});
         let answer = client.post(app.api("add_endpoint")).json(&args).send().await?;
         let text = answer.text().await?;
         assert!(!text.contains(SECRET), "add_endpoint {kind} echoed the body: {text}");
@@ -282,5 +316,244 @@ async fn beyond_loopback_needs_tls_and_tls_serves() -> Result<()> {
     assert_eq!(settings.status(), StatusCode::OK);
     let clear = bare_client()?.get(app.url.replacen("https://", "http://", 1)).send().await;
     assert!(clear.is_err() || clear.is_ok_and(|r| !r.status().is_success()), "plain HTTP was served");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_spec_built_to_be_slow_is_refused_at_once_and_the_app_stays_responsive() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app =
+        spawn_headless(&["--db".into(), dir.path().join("h.sqlite").to_string_lossy().into_owned()], &[])
+            .await?;
+    let client = app.client()?;
+    // The attack: `policy: ` and 65,000 `[` took 14 s in check_spec, and two at once froze the app.
+    let deep = json!({"text": format!("policy: {}", "[".repeat(65_000))});
+    let started = Instant::now();
+    let check = |body: Value| client.post(app.api("check_spec")).json(&body).send();
+    let (first, second, snapshot) = tokio::join!(
+        check(deep.clone()),
+        check(deep.clone()),
+        client.post(app.api("settings")).json(&json!({})).send()
+    );
+    let took = started.elapsed();
+    for answer in [first?, second?] {
+        assert_eq!(answer.status(), StatusCode::OK);
+        let check: Value = answer.json().await?;
+        assert_eq!(check["valid"], false);
+        let message = check["problem"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("levels deep"), "{message}");
+    }
+    assert_eq!(snapshot?.status(), StatusCode::OK);
+    // Over the size limit and as aliases too, each with its own reason.
+    for (text, reason) in [
+        (format!("policy: {}", "[".repeat(130_000)), "65536"),
+        ("policy: random\na: &a [1]\nb: *a\n".to_owned(), "alias"),
+    ] {
+        let check: Value = check(json!({"text": text})).await?.json().await?;
+        assert!(check["problem"]["message"].as_str().unwrap_or_default().contains(reason), "{check}");
+    }
+    eprintln!("two 65,000-bracket checks and a settings call answered in {took:?}");
+    // Limit: 2 s for all three on a shared 2-core box (they took 14.5 s).
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn idle_sockets_by_the_hundred_neither_exhaust_the_app_nor_keep_the_ui_away() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("h.sqlite").to_string_lossy().into_owned();
+    // The attack: with `ulimit -n 160`, 200 idle sockets made the UI unreachable for as long as they
+    // stayed open (a desktop's usual limit is 1,024, which any local user can reach the same way).
+    let program = bin_path("fleetdeck")?.to_string_lossy().into_owned();
+    let args: Vec<String> = [
+        "-c",
+        "ulimit -n 160 && exec \"$0\" \"$@\"",
+        &program,
+        "--headless",
+        "--listen",
+        "127.0.0.1:0",
+        "--db",
+        &db,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (process, printed) = spawn_and_await_line(
+        std::path::Path::new("/bin/sh"),
+        &args,
+        &[],
+        "Fleetdeck UI at",
+        Duration::from_secs(90),
+    )
+    .await?;
+    let link = sign_in_link(&printed)?;
+    let (url, token) = link.split_once("?token=").context("no token in the sign-in link")?;
+    let pid = process.child.id().context("no pid")?;
+    let addr = url.trim_start_matches("http://").trim_end_matches('/').to_owned();
+
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await?);
+    }
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
+    let settings = || client.post(format!("{url}api/settings")).bearer_auth(token).json(&json!({})).send();
+    // While they are held, the UI answers at once: served, or refused with a JSON error saying why.
+    let answer = settings().await.context("the UI did not answer while 200 idle sockets were open")?;
+    let status = answer.status();
+    let body = answer.text().await?;
+    assert!(status == StatusCode::OK || status == StatusCode::SERVICE_UNAVAILABLE, "{status}: {body}");
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        let error: ApiError = serde_json::from_str(&body)?;
+        assert_eq!(error.code, "too_many_connections", "{}", error.message);
+    }
+    let fds = open_fds(pid)?;
+    // Limit: the app keeps well inside its 160 files (a quarter is its connection cap).
+    assert!(fds < 120, "the app has {fds} files open");
+    // And the UI is served again within the header read timeout (10 s), the 200 sockets still open on the
+    // attacker's side.
+    let started = Instant::now();
+    eventually("the UI to be served beside the idle sockets", Duration::from_secs(40), || async {
+        Ok(settings().await.ok().filter(|r| r.status() == StatusCode::OK).map(|_| ()))
+    })
+    .await?;
+    eprintln!(
+        "with 200 idle sockets open: {fds} files open in the app, UI served again after {:?}",
+        started.elapsed()
+    );
+    drop(idle);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_launch_secret_never_reaches_a_captured_stdout() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("h.sqlite");
+    // stdout is a pipe here, as under a service manager or `> log`; the log shares it (RUST_LOG=debug).
+    let mut command = tokio::process::Command::new(bin_path("fleetdeck")?);
+    command
+        .args(["--headless", "--listen", "127.0.0.1:0", "--db"])
+        .arg(&db)
+        .env("RUST_LOG", "debug")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut process = fleet_test_support::process::ChildProcess::spawn(&mut command)?;
+    let stdout = process.child.stdout.take().context("no stdout")?;
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let mut captured = String::new();
+    let printed = tokio::time::timeout(Duration::from_secs(90), async {
+        while let Some(line) = lines.next_line().await? {
+            captured.push_str(&line);
+            captured.push('\n');
+            if let Some(rest) = line.strip_prefix("Fleetdeck UI at") {
+                return Ok::<_, anyhow::Error>(rest.trim().to_owned());
+            }
+        }
+        anyhow::bail!("the app ended before printing its address")
+    })
+    .await??;
+    let link = sign_in_link(&printed)?;
+    let token = link.split_once("?token=").context("no token in the link")?.1.to_owned();
+    // Some requests, so the log has something to say; then what it said is read too.
+    let url = link.split_once("?token=").context("no url")?.0.to_owned();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?;
+    client.get(&link).send().await?;
+    client.post(format!("{url}api/settings")).bearer_auth(&token).json(&json!({})).send().await?;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            captured.push_str(&line);
+            captured.push('\n');
+        }
+    })
+    .await;
+    assert!(!captured.contains(&token), "the launch secret is in the captured stdout:\n{captured}");
+    assert!(printed.contains("readable only by you"), "stdout says where the link is: {printed}");
+    let file = dir.path().join("sign-in-url");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&file)?.permissions().mode() & 0o777, 0o600);
+    assert!(std::fs::read_to_string(&file)?.contains(&token));
+    let stderr = process.child.stderr.take().context("no stderr")?;
+    drop(process);
+    let mut logged = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut stderr = stderr;
+        tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut logged).await
+    })
+    .await;
+    assert!(!logged.contains(&token), "the launch secret is in stderr");
+    Ok(())
+}
+
+#[tokio::test]
+async fn sign_in_stays_here_client_errors_are_4xx_and_files_are_the_owners() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let traces = dir.path().join("traces");
+    std::fs::create_dir(&traces)?;
+    let args = [
+        "--db".to_owned(),
+        dir.path().join("h.sqlite").to_string_lossy().into_owned(),
+        "--trace-dir".into(),
+        traces.to_string_lossy().into_owned(),
+    ];
+    let app = spawn_headless(&args, &[]).await?;
+    let client = bare_client()?;
+
+    // Sign-in with `//evil.example?token=...` went to `Location: //evil.example`, another host.
+    for path in ["//evil.example", "/\\evil.example"] {
+        let answer =
+            client.get(format!("{}{path}?token={}", app.url.trim_end_matches('/'), app.token)).send().await?;
+        assert_eq!(answer.status(), StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(answer.headers()["location"], "/", "{path}");
+    }
+
+    // The scheme's name in any case (RFC 7235).
+    for scheme in ["bearer", "BEARER"] {
+        let answer = client
+            .post(app.api("settings"))
+            .header(reqwest::header::AUTHORIZATION, format!("{scheme} {}", app.token))
+            .json(&json!({}))
+            .send()
+            .await?;
+        assert_eq!(answer.status(), StatusCode::OK, "{scheme}");
+    }
+
+    // The caller's mistakes are 4xx with their codes (were 500).
+    let signed = app.client()?;
+    let cases = [
+        ("abort_canary", json!({"reason": "x"}), StatusCode::NOT_FOUND, "no_canary"),
+        (
+            "start_whatif",
+            json!({"text": SPEC, "trace_path": "missing.jsonl"}),
+            StatusCode::BAD_REQUEST,
+            "bad_trace",
+        ),
+    ];
+    for (command, args, status, code) in cases {
+        let (got, error) = refusal(signed.post(app.api(command)).json(&args).send().await?).await?;
+        assert_eq!((got, error.code.as_str()), (status, code), "{command}: {}", error.message);
+    }
+    std::fs::write(traces.join("empty.jsonl"), "\n")?;
+    let sim = spawn_sim(1, ModelConfig::default()).await?;
+    let router = spawn_admin_router(sim.urls(), ROUTER_TOKEN).await?;
+    let add = json!({"kind": "router", "url": router.url(), "token": ROUTER_TOKEN});
+    assert_eq!(signed.post(app.api("add_endpoint")).json(&add).send().await?.status(), StatusCode::OK);
+    let (got, error) = refusal(
+        signed.post(app.api("start_whatif")).json(&json!({"text": SPEC, "window_s": 60})).send().await?,
+    )
+    .await?;
+    assert_eq!((got, error.code.as_str()), (StatusCode::CONFLICT, "no_traffic"), "{}", error.message);
+
+    // A body over the API's 2 MiB: `{code, message}` like every API error (was axum's plain text).
+    let big = json!({"text": "x".repeat(3 << 20)});
+    let (got, error) = refusal(signed.post(app.api("check_spec")).json(&big).send().await?).await?;
+    assert_eq!((got, error.code.as_str()), (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"));
+    assert!(error.message.contains("2097152"), "{}", error.message);
+
+    // The history and the settings file are the owner's only, whatever the umask (were 0644).
+    use std::os::unix::fs::PermissionsExt;
+    for name in ["h.sqlite", "settings.json"] {
+        let mode = std::fs::metadata(dir.path().join(name))?.permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}");
+    }
     Ok(())
 }

@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use fantoccini::actions::{InputSource, KeyAction, KeyActions};
 use fantoccini::key::Key;
 use fantoccini::{Client, Locator};
+use fleet_base::quantile;
 use fleet_sim::ModelConfig;
 use fleet_test_support::endpoints::garbage_metrics;
 use fleet_test_support::process::{HeadlessApp, artifacts_dir, spawn_headless};
@@ -165,7 +166,9 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
         },
     )
     .await?;
-    let sent = burst(&router, 900, 24).await?;
+    // A few at a time: the owner of the prefix never queues past the load guard's bound, so the
+    // burst stays on it (at 24 at a time the guard spreads it, and there is no hotspot to see).
+    let sent = burst(&router, 900, 4).await?;
     assert!(sent > 800, "only {sent} of the burst's requests succeeded");
     let warning = eventually("the hotspot warning", Duration::from_secs(30), || async {
         let warnings = texts(&browser, "[data-testid=hotspot-warning]").await?;
@@ -329,7 +332,8 @@ async fn settings_probe_added_endpoints_and_keep_router_tokens_out_of_sqlite() -
     })
     .await?;
     assert!(report.contains("cannot reach"), "{report}");
-    let token_file = db_dir.path().join("tokens").join("router-http___127.0.0.1_9.token");
+    let token_file =
+        fleetdeck_control::settings::token_file_for(&db_dir.path().join("tokens"), "http://127.0.0.1:9");
     assert_eq!(std::fs::read_to_string(&token_file)?, token);
     #[cfg(unix)]
     {
@@ -405,8 +409,8 @@ async fn the_overview_renders_1000_replicas_and_reports_its_time_per_update() ->
     assert_ne!(first, later, "the synthetic replicas' numbers move between updates");
     let mut sorted = samples.clone();
     sorted.sort_by(f64::total_cmp);
-    let median = sorted[sorted.len() / 2];
-    let p95 = sorted[(sorted.len() * 95 / 100).min(sorted.len() - 1)];
+    let median = quantile::median(&sorted).context("no render samples")?;
+    let p95 = quantile::nearest_rank(&sorted, 0.95).context("no render samples")?;
     let report = json!({"rows": 1000, "updates": samples.len(), "median_ms": median, "p95_ms": p95, "samples_ms": samples});
     let path = artifacts_dir()?.join("fleet-render-1000.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;

@@ -4,14 +4,19 @@
 //! Each command installs only what is missing (Debian packages, the wasm32 target,
 //! wasm-bindgen-cli at exactly Cargo.lock's version, tauri-driver), so a second run on the
 //! same machine goes straight to building, which cargo keeps incremental. Standard library
-//! only: this crate must compile in seconds on a fresh machine.
+//! only (its one workspace dependency, fleet-base, is std only too): this crate must compile in
+//! seconds on a fresh machine.
 
 mod bench;
 mod dist;
 mod engines;
 mod peers;
 mod pgo;
+mod procs;
 mod real;
+mod router_bench;
+#[cfg(test)]
+mod tidy;
 mod vllm;
 
 use std::env;

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::bench::{self, Guard, Placement, free_port};
+use crate::procs::{self, Guard, Placement, free_port};
 use crate::{Result, cargo, install_packages, root, run, target_dir};
 
 /// Pinned versions of the peers (PyPI wheels with their router binaries).
@@ -170,7 +170,7 @@ pub fn run_peers() -> Result<()> {
     }
 
     // Named `fast` so that wrk accepts its 400 answers (see the module docs).
-    let wrk_script = bench::wrk_script(
+    let wrk_script = procs::wrk_script(
         &dir,
         "fast",
         "/v1/completions",
@@ -438,15 +438,15 @@ fn bench_once(bin: &Path, url: &str, workload: &Workload, fleet: &Fleet) -> Resu
 /// median over the rounds of (router p50 - direct p50), in microseconds.
 fn added_latency_us(router: &str, direct: &str, script: &Path) -> Result<f64> {
     // Warm both paths (connections, the router's pools).
-    bench::wrk(router, script, 4, 1, Placement::Free)?;
-    bench::wrk(direct, script, 4, 1, Placement::Free)?;
+    procs::wrk(router, script, 4, 1, Placement::Free)?;
+    procs::wrk(direct, script, 4, 1, Placement::Free)?;
     let mut added = Vec::new();
     for _ in 0..OVERHEAD_ROUNDS {
-        let base = bench::wrk(direct, script, 1, OVERHEAD_SECONDS, Placement::Free)?;
-        let through = bench::wrk(router, script, 1, OVERHEAD_SECONDS, Placement::Free)?;
+        let base = procs::wrk(direct, script, 1, OVERHEAD_SECONDS, Placement::Free)?;
+        let through = procs::wrk(router, script, 1, OVERHEAD_SECONDS, Placement::Free)?;
         added.push(through.p50_us - base.p50_us);
     }
-    Ok(bench::median(&mut added))
+    Ok(procs::median(&mut added))
 }
 
 /// CPU seconds (user + system) of a process and every descendant, from /proc.
@@ -473,7 +473,7 @@ fn tree_cpu_seconds(pid: u32) -> f64 {
         tree.extend(parents.iter().filter(|(_, p)| *p == parent).map(|(c, _)| *c));
         i += 1;
     }
-    tree.iter().filter_map(|p| bench::cpu_seconds(*p)).map(|(user, system)| user + system).sum()
+    tree.iter().filter_map(|p| procs::cpu_seconds(*p)).map(|(user, system)| user + system).sum()
 }
 
 fn cell(value: Option<f64>, digits: usize) -> String {

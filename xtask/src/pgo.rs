@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::bench::{FAST_WORKLOAD, Placement, free_port, start_and_wait, start_replicas, wrk, wrk_script};
+use crate::procs::{FAST_WORKLOAD, Placement, free_port, start_and_wait, start_replicas, wrk, wrk_script};
 use crate::{Result, cargo, install_packages, output, run, target_dir, timed};
 
 /// Seconds of each wrk run of the training mix.

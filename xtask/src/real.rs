@@ -26,8 +26,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::bench::Guard;
 use crate::engines::{LlamaCpp, ensure_llamacpp};
+use crate::procs::Guard;
 use crate::{Result, cargo, root, run, target_dir};
 
 const REPLICAS: usize = 3;
@@ -240,7 +240,7 @@ fn start_router(
     urls: &[String],
     record: &Path,
 ) -> Result<(Guard, String)> {
-    let port = crate::bench::free_port()?;
+    let port = crate::procs::free_port()?;
     let spec = dir.join(format!("{policy}.json"));
     fs::write(&spec, format!(r#"{{"policy": "{policy}"}}"#)).map_err(|e| e.to_string())?;
     let mut args = vec![
@@ -263,7 +263,7 @@ fn start_router(
         .spawn()
         .map_err(|e| format!("cannot start fleet-router: {e}"))?;
     let guard = Guard(child);
-    crate::bench::wait_for_port(port, Duration::from_secs(60))?;
+    crate::procs::wait_for_port(port, Duration::from_secs(60))?;
     let url = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !curl(&format!("{url}/v1/models")).is_ok_and(|t| t.contains(MODEL)) {

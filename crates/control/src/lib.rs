@@ -34,6 +34,7 @@ pub mod fleet;
 pub mod rollout;
 pub mod routers;
 pub mod settings;
+pub mod signals;
 pub mod whatif;
 
 use std::path::PathBuf;
@@ -160,6 +161,8 @@ impl Control {
         let http = reqwest::Client::builder()
             .connect_timeout(config.limits.timeout)
             .pool_idle_timeout(Duration::from_secs(30))
+            // Scrapes, admin calls (with their tokens) and Prometheus queries stay on the URL's origin.
+            .redirect(fleet_telemetry::scrape::same_origin_redirects())
             .build()
             .context("cannot build the app's HTTP client")?;
         let interval = match saved.scrape_interval_s {
@@ -282,12 +285,5 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Unix milliseconds now (the app's clock for records and views).
-pub fn unix_ms_now() -> i64 {
-    unix_ms(std::time::SystemTime::now())
-}
-
-/// Unix milliseconds of `at`.
-pub(crate) fn unix_ms(at: std::time::SystemTime) -> i64 {
-    at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+/// The app's clock for records and views: Unix milliseconds (one definition, in fleet-base).
+pub use fleet_base::time::{unix_ms, unix_ms_now};

@@ -2,6 +2,8 @@
 //! on, real HTTP on loopback port 0) over emulated replicas (fleet-sim), with a real SQLite
 //! history in a temporary folder.
 
+#[path = "control/attacks.rs"]
+mod attacks;
 #[path = "control/canary.rs"]
 mod canary;
 #[path = "control/discovery.rs"]

@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use fleet_base::quantile::nearest_rank;
 use fleet_demo::DemoConfig;
 use fleet_sim::kv_publish::KvEventsConfig;
 use fleet_sim::load::{LoadConfig, LoadStats};
@@ -109,8 +110,8 @@ fn measured(records: &[TraceRecord], requests: usize) -> (f64, f64) {
     let cached: u64 = done.iter().map(|r| u64::from(r.cached_tokens.unwrap_or(0))).sum();
     let mut ttft: Vec<f64> = done.iter().filter_map(|r| r.ttft_ms).collect();
     ttft.sort_by(f64::total_cmp);
-    let p95 =
-        ttft.get(((ttft.len() as f64 * 0.95).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0);
+    // Nearest rank, as the what-if's replay reports its p95: prediction and measure compare like for like.
+    let p95 = nearest_rank(&ttft, 0.95).unwrap_or(0.0);
     (cached as f64 / prompt.max(1) as f64, p95)
 }
 

@@ -19,6 +19,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use fleet_base::error::error_chain;
+use fleet_base::http::{BodyError, read_limited};
 use futures_util::StreamExt;
 use serde_json::Value;
 
@@ -206,18 +208,6 @@ impl EtcdError {
     }
 }
 
-/// The error chain of a reqwest error in one line (reqwest's own message hides the cause).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// An etcd client. Cheap to clone (one connection pool).
 #[derive(Debug, Clone)]
 pub struct EtcdClient {
@@ -255,7 +245,7 @@ impl EtcdClient {
         let builder = tls(builder, &config.tls)?;
         let http = builder
             .build()
-            .map_err(|e| EtcdError::Config(format!("cannot set up the etcd client: {}", chain(&e))))?;
+            .map_err(|e| EtcdError::Config(format!("cannot set up the etcd client: {}", error_chain(&e))))?;
         Ok(Self {
             inner: std::sync::Arc::new(Inner {
                 http,
@@ -325,14 +315,14 @@ impl EtcdClient {
             Ok(response) => response,
             Err(error) => {
                 self.next_endpoint();
-                return Err(EtcdError::Unreachable { endpoint, detail: chain(&error) });
+                return Err(EtcdError::Unreachable { endpoint, detail: error_chain(&error) });
             }
         };
         let status = response.status().as_u16();
         if (200..300).contains(&status) {
             return Ok((endpoint, response));
         }
-        let body = read_limited(response, MAX_ANSWER_BYTES, &endpoint).await?;
+        let body = read_limited(response, MAX_ANSWER_BYTES).await.map_err(|e| body_error(&endpoint, e))?;
         let error = wire::parse_error(&body).unwrap_or(wire::ServerError {
             code: 2,
             message: String::from_utf8_lossy(&body).chars().take(200).collect(),
@@ -344,7 +334,7 @@ impl EtcdClient {
     async fn send(&self, path: &str, body: &Value, token: Option<&Token>) -> Result<Vec<u8>, EtcdError> {
         let timeout = Some(self.inner.config.request_timeout);
         let (endpoint, response) = self.post(path, body, token, timeout).await?;
-        read_limited(response, MAX_ANSWER_BYTES, &endpoint).await
+        read_limited(response, MAX_ANSWER_BYTES).await.map_err(|e| body_error(&endpoint, e))
     }
 
     /// One call with auth: a refused token is dropped and the call made once more with a new one.
@@ -433,7 +423,7 @@ fn tls(mut builder: reqwest::ClientBuilder, files: &TlsFiles) -> Result<reqwest:
             EtcdError::Config(format!(
                 "the etcd CA file {} is not a PEM certificate: {}",
                 ca.display(),
-                chain(&e)
+                error_chain(&e)
             ))
         })?;
         builder = builder.add_root_certificate(certificate);
@@ -449,7 +439,7 @@ fn tls(mut builder: reqwest::ClientBuilder, files: &TlsFiles) -> Result<reqwest:
                      openssl pkcs8 -topk8 -nocrypt converts one): {}",
                 cert.display(),
                 key.display(),
-                chain(&e)
+                error_chain(&e)
             ))
         })?;
         builder = builder.identity(identity);
@@ -463,26 +453,13 @@ fn tls(builder: reqwest::ClientBuilder, _files: &TlsFiles) -> Result<reqwest::Cl
     Ok(builder)
 }
 
-async fn read_limited(
-    response: reqwest::Response,
-    limit: usize,
-    endpoint: &str,
-) -> Result<Vec<u8>, EtcdError> {
-    let too_large = || EtcdError::TooLarge { endpoint: endpoint.to_owned(), limit };
-    if response.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
+/// etcd's words for an answer body [`read_limited`] could not read (every unary answer is capped at
+/// [`MAX_ANSWER_BYTES`]).
+fn body_error(endpoint: &str, error: BodyError) -> EtcdError {
+    match error {
+        BodyError::TooLarge => EtcdError::TooLarge { endpoint: endpoint.to_owned(), limit: MAX_ANSWER_BYTES },
+        BodyError::Broken(detail) => EtcdError::Unreachable { endpoint: endpoint.to_owned(), detail },
     }
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| EtcdError::Unreachable { endpoint: endpoint.to_owned(), detail: chain(&e) })?;
-        if body.len() + chunk.len() > limit {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 type ByteStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
@@ -531,7 +508,7 @@ impl Watch {
                 Some(Err(error)) => {
                     return Err(EtcdError::Unreachable {
                         endpoint: self.endpoint.clone(),
-                        detail: chain(&error),
+                        detail: error_chain(&error),
                     });
                 }
                 Some(Ok(chunk)) => {

@@ -19,7 +19,9 @@ pub enum Branch {
     PowerOfTwo,
     /// `consistent_hash`: the first replica clockwise from the key that is under the load bound.
     Hash,
-    /// `cache_aware_approx`: load was imbalanced, so the least loaded replica.
+    /// Load decided over cache: `cache_aware_approx`'s request counts were imbalanced, or the load guard of
+    /// any cache-aware policy found the chosen replica too busy and spread the prefix to the replica that
+    /// would start the request soonest.
     Balance,
     /// A cache-aware policy followed the longest prefix match.
     Cache,

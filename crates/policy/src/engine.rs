@@ -12,6 +12,7 @@
 
 mod cache_aware;
 mod load_based;
+mod load_guard;
 mod ring;
 pub(crate) use ring::chwbl_bound;
 
@@ -511,9 +512,19 @@ impl Engine {
             ResolvedPolicy::LeastLoad(p) => load_based::least_load(&mut pick, p.load_metric),
             ResolvedPolicy::PowerOfTwo(p) => load_based::power_of_two(&mut pick, p.load_metric, rng),
             ResolvedPolicy::ConsistentHash(p) => ring::consistent_hash(self, &mut pick, p, view),
-            ResolvedPolicy::CacheAwareApprox(p) => cache_aware::approx(self, &mut pick, p, view),
-            ResolvedPolicy::KvPrecise(p) => cache_aware::precise(self, &mut pick, p, view, rng),
-            ResolvedPolicy::WeightedScorers(p) => cache_aware::weighted(self, &mut pick, p, view, now_ms),
+            // The cache-aware policies decide, then the shared load guard reviews the choice.
+            ResolvedPolicy::CacheAwareApprox(p) => {
+                cache_aware::approx(self, &mut pick, p, view);
+                load_guard::review(self, &mut pick, &p.guard, view);
+            }
+            ResolvedPolicy::KvPrecise(p) => {
+                cache_aware::precise(self, &mut pick, p, view, rng);
+                load_guard::review(self, &mut pick, &p.guard, view);
+            }
+            ResolvedPolicy::WeightedScorers(p) => {
+                cache_aware::weighted(self, &mut pick, p, view, now_ms);
+                load_guard::review(self, &mut pick, &p.guard, view);
+            }
         }
         Ok(pick.finish(self.policy.name(), view))
     }

@@ -135,6 +135,7 @@ impl PolicySpec {
                 balance_abs_threshold: values.integer("balance_abs_threshold") as u64,
                 balance_rel_threshold: values.float("balance_rel_threshold"),
                 max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
+                guard: LoadGuardParams::read(&values),
                 hashing: HashingParams::read(&values),
             }),
             "kv_precise" => ResolvedPolicy::KvPrecise(KvPreciseParams {
@@ -143,6 +144,7 @@ impl PolicySpec {
                 decode_weight: values.float("decode_weight"),
                 temperature: values.float("temperature"),
                 max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
+                guard: LoadGuardParams::read(&values),
                 hashing: HashingParams::read(&values),
             }),
             "weighted_scorers" => {
@@ -159,6 +161,7 @@ impl PolicySpec {
                         PrefixSource::Routed
                     },
                     max_blocks_per_replica: values.integer("max_blocks_per_replica") as usize,
+                    guard: LoadGuardParams::read(&values),
                     hashing: HashingParams::read(&values),
                 };
                 let total = params.prefix_weight
@@ -192,11 +195,114 @@ impl PolicySpec {
     }
 }
 
+/// Longest spec text read, in bytes. A spec is a policy name and a flat mapping of parameters, a few hundred
+/// bytes; the parsers' cost grows faster than the text on some inputs, so nothing longer reaches them.
+pub const MAX_SPEC_BYTES: usize = 64 * 1024;
+/// Deepest nesting read (mappings and sequences, block or flow style). A spec nests two levels (the document
+/// and `params`); YAML's cost grows with the square of its flow nesting (`policy: [[[[...`), so deeper text
+/// never reaches the parser.
+pub const MAX_SPEC_DEPTH: usize = 16;
+/// How long a caller on an async runtime lets one parse run (on a blocking thread) before answering that it
+/// took too long. Text within [`MAX_SPEC_BYTES`] and [`MAX_SPEC_DEPTH`] parses in milliseconds; this is the
+/// backstop, so a parser's worst case never holds a caller.
+pub const SPEC_PARSE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Checks spec text against [`MAX_SPEC_BYTES`] and [`MAX_SPEC_DEPTH`], and refuses YAML anchors and aliases,
+/// before any parser sees it: one pass over the bytes, linear whatever they are. [`PolicySpec::from_str`] runs
+/// it first; callers holding the text as bytes can run it before even checking UTF-8.
+///
+/// Aliases are refused because expanding them is the one way short YAML becomes a large document (each
+/// alias repeats its anchor's whole subtree, and anchors can name aliases): a spec has no use for them.
+pub fn check_spec_text(text: &[u8]) -> Result<(), SpecError> {
+    if text.len() > MAX_SPEC_BYTES {
+        return Err(SpecError::TooLarge { bytes: text.len(), limit: MAX_SPEC_BYTES });
+    }
+    let shape = scan_spec_text(text);
+    if shape.depth > MAX_SPEC_DEPTH {
+        return Err(SpecError::TooDeep { depth: shape.depth, limit: MAX_SPEC_DEPTH });
+    }
+    if let Some(line) = shape.alias_line {
+        return Err(SpecError::YamlAlias { line });
+    }
+    Ok(())
+}
+
+/// What [`scan_spec_text`] finds.
+struct TextShape {
+    /// The deepest nesting (at least what a parser would meet).
+    depth: usize,
+    /// The first line (1-based) with an anchor (`&NAME`) or an alias (`*NAME`).
+    alias_line: Option<usize>,
+}
+
+/// The deepest nesting of YAML (or JSON) text, counted without parsing: open flow brackets (`[`, `{`)
+/// outside quotes and comments, plus the block levels a line sits in (indentation levels, and the `- ` and
+/// `? ` indicators that open one on the same line); and the first anchor or alias. It may count more than a
+/// parser would (a bracket in a plain scalar, a quoted scalar running over lines), never less: a quote
+/// hides what follows only where YAML starts a quoted scalar too.
+fn scan_spec_text(text: &[u8]) -> TextShape {
+    let blank = |b: u8| b == b' ' || b == b'\t';
+    let mut shape = TextShape { depth: 0, alias_line: None };
+    let mut flow = 0usize;
+    // Indentation of the block levels open (strictly increasing).
+    let mut indents: Vec<usize> = Vec::new();
+    for (number, line) in text.split(|&b| b == b'\n').enumerate() {
+        let indent = line.iter().take_while(|&&b| blank(b)).count();
+        let content = line.get(indent).is_some_and(|&b| b != b'#' && b != b'\r');
+        let mut at = indent;
+        if flow == 0 && content {
+            while indents.last().is_some_and(|&open| open >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+            // `- - - x` and `? x` open a level each on the same line.
+            while line.len() > at + 1 && matches!(line[at], b'-' | b'?') && blank(line[at + 1]) {
+                at += 2;
+                while line.get(at).is_some_and(|&b| blank(b)) {
+                    at += 1;
+                }
+                indents.push(at);
+            }
+        }
+        let mut quote: Option<u8> = None;
+        // Where a node may start: after blanks, a flow indicator or the line's indicators.
+        let mut node_start = true;
+        let mut i = at;
+        while i < line.len() {
+            let b = line[i];
+            match quote {
+                Some(b'"') if b == b'\\' => i += 1,
+                Some(open) if b == open => quote = None,
+                Some(_) => {}
+                None => match b {
+                    b'"' | b'\'' if node_start => quote = Some(b),
+                    b'#' if node_start => break,
+                    b'&' | b'*' if node_start => {
+                        shape.alias_line.get_or_insert(number + 1);
+                    }
+                    b'[' | b'{' => {
+                        flow += 1;
+                        shape.depth = shape.depth.max(indents.len() + flow);
+                    }
+                    b']' | b'}' => flow = flow.saturating_sub(1),
+                    _ => {}
+                },
+            }
+            node_start = quote.is_none() && (blank(b) || matches!(b, b'[' | b'{' | b','));
+            i += 1;
+        }
+        shape.depth = shape.depth.max(indents.len() + flow);
+    }
+    shape
+}
+
 impl FromStr for PolicySpec {
     type Err = SpecError;
 
-    /// Parses JSON when the text starts with `{`, YAML otherwise, then validates it.
+    /// Checks the text's size and nesting ([`check_spec_text`]), parses JSON when it starts with `{`, YAML
+    /// otherwise, then validates it.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
+        check_spec_text(text.as_bytes())?;
         let is_json = text.trim_start().starts_with('{');
         let document: Value = if is_json {
             serde_json::from_str(text)
@@ -268,6 +374,47 @@ pub enum SpecError {
         format: &'static str,
         /// The parser's message.
         message: String,
+    },
+    /// The text is longer than [`MAX_SPEC_BYTES`]; no parser read it.
+    #[error(
+        "the policy spec is {bytes} bytes, more than the {limit} read (a spec is a policy name and its \
+         params, a few hundred bytes); send only the spec"
+    )]
+    TooLarge {
+        /// Its length.
+        bytes: usize,
+        /// [`MAX_SPEC_BYTES`].
+        limit: usize,
+    },
+    /// The text nests deeper than [`MAX_SPEC_DEPTH`]; no parser read it.
+    #[error(
+        "the policy spec nests {depth} levels deep, more than the {limit} read (a spec is `policy` and a flat \
+         `params` mapping); remove the nested brackets or indentation"
+    )]
+    TooDeep {
+        /// How deep it nests (at least).
+        depth: usize,
+        /// [`MAX_SPEC_DEPTH`].
+        limit: usize,
+    },
+    /// The text has a YAML anchor or alias; no parser read it.
+    #[error(
+        "the policy spec uses a YAML anchor or alias (`&NAME` or `*NAME`) on line {line}; a spec has no use \
+         for them: write the values out"
+    )]
+    YamlAlias {
+        /// The first line (1-based) with one.
+        line: usize,
+    },
+    /// The parse did not finish within [`SPEC_PARSE_DEADLINE`] (reported by the async callers that run it on
+    /// a blocking thread).
+    #[error(
+        "the policy spec took longer than {limit_ms} ms to read and was abandoned; send a plain spec \
+         (`policy: NAME` and flat `params`)"
+    )]
+    TooSlow {
+        /// The deadline, in milliseconds.
+        limit_ms: u64,
     },
     /// `policy:` is absent.
     #[error(
@@ -514,6 +661,44 @@ fn hashing_docs() -> [ParamDoc; 2] {
     ]
 }
 
+/// The load guard's parameters, shared by the cache-aware policies (see `LoadGuardParams`).
+fn load_guard_docs() -> Vec<ParamDoc> {
+    vec![
+        ParamDoc {
+            name: "load_guard",
+            kind: ParamKind::Bool,
+            default: Value::Bool(true),
+            meaning: "Review every pick by expected wait: the chosen replica keeps the request only while its queued \
+                      prefill blocks (+ decode_wait_weight x its decoding blocks) plus the prompt blocks it would \
+                      prefill are within spread_wait_blocks of the \
+                      replica where that sum is least; otherwise the request (and so its prefix) goes there. \
+                      false keeps the policy's choice as it is.",
+        },
+        integer(
+            "spread_wait_blocks",
+            0,
+            1_000_000,
+            DEFAULT_SPREAD_WAIT_BLOCKS,
+            "Load guard bound, in blocks of prefill: how much later than the soonest replica the policy's choice \
+             may start a request before the prefix is spread. 0 always takes the soonest start; larger values \
+             keep more traffic on prefix owners (hit rate) at the price of queueing there.",
+        ),
+        float(
+            "decode_wait_weight",
+            0.0,
+            1000.0,
+            DEFAULT_DECODE_WAIT_WEIGHT,
+            "Load guard: blocks of prefill each block held by a replica's decoding requests adds to its expected \
+             wait (their attention runs in every engine step, slowing the prefill behind them).",
+        ),
+    ]
+}
+
+/// The load guard's default bound, in blocks of prefill (see `load_guard_docs`).
+const DEFAULT_SPREAD_WAIT_BLOCKS: i64 = 32;
+/// The load guard's default weight of decoding blocks in the expected wait (see `load_guard_docs`).
+const DEFAULT_DECODE_WAIT_WEIGHT: f64 = 0.1;
+
 /// Parameters of `policy` with type, range, default and meaning (empty for parameterless or unknown policies).
 pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
     match policy {
@@ -583,6 +768,7 @@ pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
                     "Approximate-index entries kept per replica; least recently used blocks are evicted beyond it.",
                 ),
             ];
+            docs.extend(load_guard_docs());
             docs.extend(hashing_docs());
             docs
         }
@@ -625,6 +811,7 @@ pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
                     "Safety bound on indexed blocks per replica in case removal events are lost; LRU beyond it.",
                 ),
             ];
+            docs.extend(load_guard_docs());
             docs.extend(hashing_docs());
             docs
         }
@@ -686,6 +873,7 @@ pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
                     "Prefix-index entries kept per replica; least recently used blocks are evicted beyond it.",
                 ),
             ];
+            docs.extend(load_guard_docs());
             docs.extend(hashing_docs());
             docs
         }
@@ -839,6 +1027,28 @@ pub struct ConsistentHashParams {
     pub hashing: HashingParams,
 }
 
+/// The load guard every cache-aware policy shares (parameters `load_guard`, `spread_wait_blocks` and
+/// `decode_wait_weight`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadGuardParams {
+    /// Whether the guard reviews picks.
+    pub enabled: bool,
+    /// How many blocks of prefill later than the soonest replica the policy's choice may start a request.
+    pub spread_wait_blocks: u64,
+    /// Blocks of prefill one block held by a decoding request counts as in the expected wait.
+    pub decode_wait_weight: f64,
+}
+
+impl LoadGuardParams {
+    fn read(values: &ResolvedValues<'_>) -> Self {
+        Self {
+            enabled: values.boolean("load_guard"),
+            spread_wait_blocks: values.integer("spread_wait_blocks") as u64,
+            decode_wait_weight: values.float("decode_wait_weight"),
+        }
+    }
+}
+
 /// Parameters of `cache_aware_approx`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CacheAwareParams {
@@ -850,6 +1060,8 @@ pub struct CacheAwareParams {
     pub balance_rel_threshold: f64,
     /// Index bound per replica.
     pub max_blocks_per_replica: usize,
+    /// The shared load guard.
+    pub guard: LoadGuardParams,
     /// Prompt cutting.
     pub hashing: HashingParams,
 }
@@ -867,6 +1079,8 @@ pub struct KvPreciseParams {
     pub temperature: f64,
     /// Index bound per replica.
     pub max_blocks_per_replica: usize,
+    /// The shared load guard.
+    pub guard: LoadGuardParams,
     /// Prompt cutting.
     pub hashing: HashingParams,
 }
@@ -899,6 +1113,8 @@ pub struct WeightedScorersParams {
     pub prefix_source: PrefixSource,
     /// Index bound per replica.
     pub max_blocks_per_replica: usize,
+    /// The shared load guard.
+    pub guard: LoadGuardParams,
     /// Prompt cutting.
     pub hashing: HashingParams,
 }
@@ -986,6 +1202,83 @@ mod tests {
             .validate()
             .expect_err("all zero");
         assert!(error.to_string().contains("positive weight"), "{error}");
+    }
+
+    #[test]
+    fn oversized_deep_or_aliased_text_is_refused_before_any_parser_runs() {
+        // The attack: `policy: ` and 65,000 `[` took YAML's parser about 14 s (the editor checks on every
+        // keystroke). Refused now by the one linear pass, with the limit named.
+        let deep = format!("policy: {}", "[".repeat(65_000));
+        let started = std::time::Instant::now();
+        let error = deep.parse::<PolicySpec>().unwrap_err();
+        let refused_in = started.elapsed();
+        assert!(matches!(error, SpecError::TooDeep { limit: MAX_SPEC_DEPTH, .. }), "{error}");
+        assert!(error.to_string().contains(&format!("more than the {MAX_SPEC_DEPTH}")), "{error}");
+        // Limit: 100 ms on a shared 2-core box (measured: well under 1 ms).
+        assert!(refused_in < std::time::Duration::from_millis(100), "refused in {refused_in:?}");
+        let json_deep = format!("{{\"policy\": {}", "[".repeat(40));
+        assert!(matches!(json_deep.parse::<PolicySpec>(), Err(SpecError::TooDeep { .. })));
+        let block_deep: String = (0..40).map(|level| format!("{}k{level}:\n", " ".repeat(level))).collect();
+        assert!(matches!(block_deep.parse::<PolicySpec>(), Err(SpecError::TooDeep { .. })), "indentation");
+        let dashes = format!("policy: x\nparams:\n  {}1\n", "- ".repeat(40));
+        assert!(matches!(dashes.parse::<PolicySpec>(), Err(SpecError::TooDeep { .. })), "- - - ...");
+
+        let large = format!("policy: random\n{}", "#".repeat(MAX_SPEC_BYTES));
+        let error = large.parse::<PolicySpec>().unwrap_err();
+        assert_eq!(error, SpecError::TooLarge { bytes: large.len(), limit: MAX_SPEC_BYTES });
+        assert!(error.to_string().contains("65536"), "{error}");
+
+        // A billion laughs stays within both limits; its anchors are refused.
+        let laughs =
+            "policy: random\na: &a [1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n";
+        assert_eq!(laughs.parse::<PolicySpec>(), Err(SpecError::YamlAlias { line: 2 }));
+
+        // Brackets, hashes, ampersands and stars inside quotes and comments are text, not structure.
+        let quoted = "policy: random # [[[[[[[[[[[[[[[[[[[[ &x *y\nparams: {}\n";
+        assert_eq!(quoted.parse::<PolicySpec>(), Ok(PolicySpec::named("random")));
+        let in_strings = format!(
+            "{{\"policy\": \"least_load\", \"params\": {{\"load_metric\": \"requests\"}}, \"x\": \"{}&*\"}}",
+            "[".repeat(40)
+        );
+        assert!(matches!(in_strings.parse::<PolicySpec>(), Err(SpecError::UnknownField { .. })));
+        // The deepest a real spec goes parses as before.
+        let nested = "policy: weighted_scorers\nparams:\n  prefix_weight: 3\n  prefix_source: routed\n";
+        assert!(nested.parse::<PolicySpec>().is_ok());
+    }
+
+    #[test]
+    fn text_within_the_limits_parses_in_bounded_time() {
+        // The worst shapes that pass the checks: the deepest flow nesting allowed, repeated up to the size
+        // limit, in YAML and JSON; and as many parameters as fit. Each is read (and refused as a spec) fast.
+        let nest = |levels: usize| format!("{}{}", "[".repeat(levels), "]".repeat(levels));
+        let fill = |unit: &str, room: usize| vec![unit; room / (unit.len() + 2)].join(", ");
+        let yaml = format!("policy: [{}]\n", fill(&nest(MAX_SPEC_DEPTH - 2), MAX_SPEC_BYTES - 16));
+        let json = format!("{{\"policy\": [{}]}}", fill(&nest(MAX_SPEC_DEPTH - 3), MAX_SPEC_BYTES - 16));
+        let mut params = String::from("policy: random\nparams:\n");
+        for i in 0.. {
+            let line = format!("  k{i}: 1\n");
+            if params.len() + line.len() > MAX_SPEC_BYTES {
+                break;
+            }
+            params.push_str(&line);
+        }
+        for (name, text) in [("yaml", yaml), ("json", json), ("params", params)] {
+            assert!(
+                text.len() <= MAX_SPEC_BYTES && text.len() > MAX_SPEC_BYTES - 1024,
+                "{name}: {}",
+                text.len()
+            );
+            let started = std::time::Instant::now();
+            let error = text.parse::<PolicySpec>().unwrap_err();
+            let took = started.elapsed();
+            assert!(
+                !matches!(error, SpecError::TooDeep { .. } | SpecError::TooLarge { .. }),
+                "{name}: {error}"
+            );
+            eprintln!("{name}: {} bytes read in {took:?}", text.len());
+            // Limit: 1 s on a shared 2-core box, in a debug build (measured: tens of ms at most).
+            assert!(took < std::time::Duration::from_secs(1), "{name} took {took:?}");
+        }
     }
 
     #[test]

@@ -14,9 +14,9 @@
 //! or after `T` (Unix ms) and were recorded after record number `N`. Its headers carry the cursor for the
 //! next call (`x-fleet-trace-next`), the router's start (`x-fleet-trace-epoch`: numbers restart with it)
 //! and, when the reader came back too late, how many records the ring dropped (`x-fleet-trace-missed`).
-//! A page holds at most `limit` records ([`TRACE_PAGE_DEFAULT`], at most [`TRACE_PAGE_MAX`]); a page cut
-//! there says how many more match (`x-fleet-trace-more`) and its `x-fleet-trace-next` is its last record,
-//! so a reader follows the cursor until `more` is 0.
+//! A page holds at most `limit` records ([`TRACE_PAGE_DEFAULT`], at most [`TRACE_PAGE_MAX`]) and at most
+//! [`TRACE_PAGE_MAX_BYTES`]; a page cut at either says how many more match (`x-fleet-trace-more`) and its
+//! `x-fleet-trace-next` is its last record, so a reader follows the cursor until `more` is 0.
 
 use std::sync::Arc;
 
@@ -55,6 +55,15 @@ pub fn token_matches(configured: &str, presented: &str) -> bool {
     difference == 0
 }
 
+/// The credentials of an `Authorization: Bearer TOKEN` value. The scheme's name is case-insensitive
+/// (RFC 7235: `bearer`, `BEARER` and `Bearer` are one scheme) and may be followed by several blanks;
+/// `None` for any other scheme, or none.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    let value = authorization.trim();
+    let (scheme, token) = value.split_once([' ', '\t'])?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|token| !token.is_empty())
+}
+
 async fn require_token(State(state): State<Arc<RouterState>>, request: Request, next: Next) -> Response {
     let Some(configured) = &state.config.admin_token else {
         return error(
@@ -68,9 +77,9 @@ async fn require_token(State(state): State<Arc<RouterState>>, request: Request, 
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match presented {
-        Some(presented) if configured.matches(presented.trim()) => next.run(request).await,
+        Some(presented) if configured.matches(presented) => next.run(request).await,
         Some(_) => unauthorized("the bearer token is wrong; use the router's admin token"),
         None => unauthorized("missing `Authorization: Bearer TOKEN`; send the router's admin token"),
     }
@@ -114,7 +123,11 @@ async fn get_policy(State(state): State<Arc<RouterState>>) -> Response {
 /// The field a spec error is about.
 fn spec_error_field(error: &SpecError) -> String {
     match error {
-        SpecError::Parse { .. } => "body".to_owned(),
+        SpecError::Parse { .. }
+        | SpecError::TooLarge { .. }
+        | SpecError::TooDeep { .. }
+        | SpecError::YamlAlias { .. }
+        | SpecError::TooSlow { .. } => "body".to_owned(),
         SpecError::MissingPolicy | SpecError::UnknownPolicy { .. } => "policy".to_owned(),
         SpecError::UnsupportedSchemaVersion { .. } => "schema_version".to_owned(),
         SpecError::UnknownField { field, .. }
@@ -176,7 +189,7 @@ async fn put_policy(State(state): State<Arc<RouterState>>, headers: HeaderMap, b
     if current != expected {
         return version_conflict(current);
     }
-    let spec = match crate::state::parse_policy_text(&body) {
+    let spec = match crate::state::parse_policy_bounded(body).await {
         Ok(spec) => spec,
         Err(spec_error) => return invalid_spec(&spec_error),
     };
@@ -346,7 +359,10 @@ async fn get_decisions(
 ) -> Response {
     let decisions = match query.request_id {
         Some(id) => state.decision_of(id).into_iter().collect(),
-        None => state.recent_decisions(query.limit.unwrap_or(50).min(state.config.decisions_capacity)),
+        None => state.recent_decisions(
+            query.limit.unwrap_or(50).min(state.config.decisions_capacity),
+            DECISIONS_PAGE_MAX_BYTES,
+        ),
     };
     let decisions: Vec<&crate::state::DecisionRecord> = decisions.iter().map(AsRef::as_ref).collect();
     axum::Json(decisions).into_response()
@@ -364,6 +380,13 @@ pub const TRACE_MORE_HEADER: HeaderName = HeaderName::from_static("x-fleet-trace
 pub const TRACE_PAGE_DEFAULT: usize = 10_000;
 /// Most records per `/admin/trace` page.
 pub const TRACE_PAGE_MAX: usize = 50_000;
+/// Most bytes of one `/admin/trace` page (by [`crate::recording::weight`], an upper bound of the JSON):
+/// a page of heavy records stops early and says how many more there are, so a reader pages through any
+/// ring with bounded answers. One record always comes (at most 1.4 MB: its hashes are bounded too).
+pub const TRACE_PAGE_MAX_BYTES: usize = 4 << 20;
+/// Most bytes of one `/admin/decisions` answer (by [`crate::state::DecisionRecord::weight`]): fewer
+/// decisions than asked come when they are heavy (a large fleet's candidates), the newest first.
+pub const DECISIONS_PAGE_MAX_BYTES: usize = 4 << 20;
 
 #[derive(Deserialize)]
 struct TraceQuery {
@@ -377,7 +400,8 @@ struct TraceQuery {
 
 async fn get_trace(State(state): State<Arc<RouterState>>, Query(query): Query<TraceQuery>) -> Response {
     let limit = query.limit.unwrap_or(TRACE_PAGE_DEFAULT).clamp(1, TRACE_PAGE_MAX);
-    let page = state.recorder.page(query.since.unwrap_or(0), query.after.unwrap_or(0), limit);
+    let page =
+        state.recorder.page(query.since.unwrap_or(0), query.after.unwrap_or(0), limit, TRACE_PAGE_MAX_BYTES);
     let mut body = Vec::with_capacity(page.records.len() * 200);
     for record in &page.records {
         if fleet_trace::write_record(&mut body, record).is_err() {
@@ -404,6 +428,16 @@ async fn get_trace(State(state): State<Arc<RouterState>>, Query(query): Query<Tr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for value in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret ", " bEaReR\ts3cret"] {
+            assert_eq!(bearer_token(value), Some("s3cret"), "{value:?}");
+        }
+        for value in ["Basic s3cret", "Bearer", "Bearer ", "Bearers3cret", "s3cret", ""] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
+    }
 
     #[test]
     fn tokens_match_only_exactly() {

@@ -164,6 +164,8 @@ impl Default for HealthConfig {
 pub struct RecordConfig {
     /// Records kept in memory for `GET /admin/trace`.
     pub ring_capacity: usize,
+    /// Bytes the records kept in memory may weigh ([`crate::recording::weight`]); the oldest leave first.
+    pub max_ring_bytes: usize,
     /// File to append fleet-trace lines to, if any.
     pub file: Option<PathBuf>,
     /// Size at which the file is rotated to `FILE.1` (older ones shift to `.2`, ...).
@@ -174,7 +176,13 @@ pub struct RecordConfig {
 
 impl Default for RecordConfig {
     fn default() -> Self {
-        Self { ring_capacity: 100_000, file: None, max_file_bytes: 64 << 20, keep_files: 4 }
+        Self {
+            ring_capacity: 100_000,
+            max_ring_bytes: 64 << 20,
+            file: None,
+            max_file_bytes: 64 << 20,
+            keep_files: 4,
+        }
     }
 }
 
@@ -259,6 +267,8 @@ pub struct RouterConfig {
     pub record: RecordConfig,
     /// Decisions kept for `GET /admin/decisions`.
     pub decisions_capacity: usize,
+    /// Bytes the decisions kept may weigh ([`crate::state::DecisionRecord::weight`]); the oldest leave first.
+    pub decisions_max_bytes: usize,
     /// Window of the prefix-heat summary in `GET /admin/state`.
     pub heat_window: Duration,
     /// When set, a replica without `kv=` publishes KV events on `tcp://ITS_HOST:(ITS_PORT + offset)`.
@@ -293,6 +303,7 @@ impl Default for RouterConfig {
             health: HealthConfig::default(),
             record: RecordConfig::default(),
             decisions_capacity: 1000,
+            decisions_max_bytes: 16 << 20,
             heat_window: Duration::from_secs(300),
             kv_events_port_offset: None,
             tokenizer: None,
@@ -346,6 +357,9 @@ impl RouterConfig {
         }
         if self.record.ring_capacity == 0 || self.decisions_capacity == 0 {
             return Err(ConfigError::new("record.ring_capacity", "ring capacities must be at least 1"));
+        }
+        if self.record.max_ring_bytes == 0 || self.decisions_max_bytes == 0 {
+            return Err(ConfigError::new("record.max_ring_bytes", "ring byte budgets must be above zero"));
         }
         if self.record.file.is_some() && self.record.max_file_bytes < 1024 {
             return Err(ConfigError::new("record.max_file_bytes", "must be at least 1024 bytes"));

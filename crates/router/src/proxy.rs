@@ -20,7 +20,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use fleet_policy::{Branch, CandidateExplanation, Decision, Engine, PickError, ReplicaId, RequestView};
 use fleet_trace::TraceRecord;
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use memchr::memmem::Finder;
 use serde_json::json;
@@ -41,20 +41,6 @@ pub const POLICY_VERSION_HEADER: HeaderName = HeaderName::from_static("x-fleet-p
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-fleet-request-id");
 /// Request header carrying a session key (wins over the body's `user`).
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
-
-/// Reads a response body up to `limit` bytes.
-pub async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|error| error.to_string())?;
-        if body.len() + chunk.len() > limit {
-            return Err(format!("the body is larger than {limit} bytes"));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
 
 /// An OpenAI-shaped error response.
 pub fn openai_error(status: StatusCode, kind: &str, message: &str) -> Response {
@@ -157,6 +143,9 @@ pub async fn forward(
             return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
         }
     };
+    // The model as the logs keep it: the group's own name, or (for replicas of unknown model) the client's
+    // name cut to a bounded length.
+    let mut model = input.model.as_deref().map(crate::recording::kept_name);
     let arrival_ms = unix_ms();
     let started = Instant::now();
 
@@ -222,7 +211,7 @@ pub async fn forward(
                 let first_block = view.block_hashes.first().copied();
                 let trace = trace_record(
                     view,
-                    &input.model,
+                    &model,
                     input.block_tokens,
                     arrival_ms,
                     &replica,
@@ -245,7 +234,8 @@ pub async fn forward(
                     DecisionRecord {
                         ts_ms: arrival_ms,
                         request_id,
-                        model: input.model.clone(),
+                        // Returned right after: the name moves into the log.
+                        model: model.take(),
                         replica: replica.spec.url.clone(),
                         policy: decision.policy.clone(),
                         policy_version,
@@ -289,7 +279,7 @@ pub async fn forward(
     if let Some(last) = fleet.replica(current) {
         let mut failed = trace_record(
             std::mem::take(&mut ticket.view),
-            &input.model,
+            &model,
             input.block_tokens,
             arrival_ms,
             last,
@@ -305,7 +295,7 @@ pub async fn forward(
         DecisionRecord {
             ts_ms: arrival_ms,
             request_id,
-            model: input.model,
+            model,
             replica,
             policy: decision.policy.clone(),
             policy_version,
@@ -606,6 +596,11 @@ impl Drop for Finish {
             state.metrics.count_prediction(prediction.report(engine));
         }
         trace.status = Some(status);
+        if (400..500).contains(&status) {
+            // The replica refused the prompt (too long, malformed): it cached nothing of it, and its hashes
+            // (a 15 MiB prompt has a quarter of a million) would only weigh on the ring and its readers.
+            trace.hash_ids = Vec::new();
+        }
         if self.broken {
             trace.error = Some("stream_broken".to_owned());
         } else if self.usage.error_event {

@@ -5,6 +5,13 @@
 //! slow disk never slows requests (when the channel is full the record is counted as dropped from the file,
 //! and stays in the ring).
 //!
+//! The ring is bounded twice: by records (`ring_capacity`) and by bytes (`max_ring_bytes`, each record
+//! weighed by [`weight`], an upper bound of its JSON line), and every record is bounded before it enters:
+//! at most [`MAX_RECORDED_BLOCKS`] block hashes (a prompt's first blocks: the hashes are chained, so they
+//! are its prefix) and a model name of at most [`MAX_KEPT_NAME_BYTES`]. A client's data of unbounded size
+//! (a 1 MiB model name, a 15 MiB prompt) therefore never grows the router's memory or its trace pages
+//! beyond those bounds. A page of `GET /admin/trace` is bounded by bytes too ([`Recorder::page`]).
+//!
 //! Records are numbered 1, 2, ... in the order they are added (at each request's completion, so not quite in
 //! arrival order). A reader that keeps the number of the last record it saw (the cursor of a [`TracePage`])
 //! asks for what was added after it, and never misses a long request that arrived early but finished late,
@@ -24,12 +31,51 @@ use crate::config::RecordConfig;
 
 /// Records waiting for the file writer before new ones are dropped from the file.
 const FILE_QUEUE: usize = 65_536;
+/// Most block hashes a record keeps: the first ones of its prompt (its prefix). 65,536 blocks are a
+/// prompt of a million tokens at 16 tokens a block.
+pub const MAX_RECORDED_BLOCKS: usize = 65_536;
+/// Longest name (a requested model) a record or a decision keeps, in bytes; a longer one is cut, and says so.
+pub const MAX_KEPT_NAME_BYTES: usize = 256;
+
+/// `name` as the router keeps it: whole up to [`MAX_KEPT_NAME_BYTES`], else cut there (at a character
+/// boundary) and marked with `...`. No model name is that long; a client that sends one gets no more of the
+/// router's memory than one that does not.
+pub fn kept_name(name: &str) -> String {
+    if name.len() <= MAX_KEPT_NAME_BYTES {
+        return name.to_owned();
+    }
+    let mut cut = MAX_KEPT_NAME_BYTES;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &name[..cut])
+}
+
+/// An upper bound of a record's size, as a JSON line and in memory: its fixed fields, 21 bytes a block
+/// hash (20 digits and a comma), and 6 bytes a byte of text (the longest JSON escape, `\u0000`).
+pub fn weight(record: &TraceRecord) -> usize {
+    let text = [&record.model, &record.replica, &record.branch, &record.policy, &record.error]
+        .iter()
+        .map(|field| field.as_ref().map_or(0, String::len))
+        .sum::<usize>()
+        + record.session.map_or(0, |_| 16);
+    384 + 21 * record.hash_ids.len() + 6 * text
+}
+
+/// The ring and what it weighs.
+#[derive(Debug, Default)]
+struct Ring {
+    records: VecDeque<TraceRecord>,
+    /// The sum of the records' [`weight`]s.
+    bytes: usize,
+}
 
 /// The recorder shared by every request.
 #[derive(Debug)]
 pub struct Recorder {
-    ring: Mutex<VecDeque<TraceRecord>>,
+    ring: Mutex<Ring>,
     capacity: usize,
+    max_bytes: usize,
     file: Option<SyncSender<TraceRecord>>,
     /// Records that could not be queued for the file.
     pub file_dropped: AtomicU64,
@@ -50,8 +96,8 @@ pub struct TracePage {
     /// Records added after the cursor that the ring no longer holds (the reader came back too late);
     /// always 0 for a first read (`after` 0), which asks only for what the ring holds.
     pub missed: u64,
-    /// Matching records the ring holds after this page (the page stopped at its limit): ask again with
-    /// `next` to read them. 0 when the page reached the newest record.
+    /// Matching records the ring holds after this page (the page stopped at its limit of records or of
+    /// bytes): ask again with `next` to read them. 0 when the page reached the newest record.
     pub more: u64,
 }
 
@@ -69,9 +115,11 @@ impl Recorder {
             }
             None => None,
         };
+        let records = VecDeque::with_capacity(config.ring_capacity.min(4096));
         Ok(Self {
-            ring: Mutex::new(VecDeque::with_capacity(config.ring_capacity.min(4096))),
+            ring: Mutex::new(Ring { records, bytes: 0 }),
             capacity: config.ring_capacity,
+            max_bytes: config.max_ring_bytes,
             file,
             file_dropped: AtomicU64::new(0),
             epoch: crate::state::unix_ms(),
@@ -79,45 +127,73 @@ impl Recorder {
         })
     }
 
-    /// Adds one record.
-    pub fn record(&self, record: TraceRecord) {
+    /// Adds one record (bounded first: its first [`MAX_RECORDED_BLOCKS`] hashes, its model name cut at
+    /// [`MAX_KEPT_NAME_BYTES`]); the oldest records leave to keep the ring within its count and bytes.
+    pub fn record(&self, mut record: TraceRecord) {
+        record.hash_ids.truncate(MAX_RECORDED_BLOCKS);
+        if let Some(model) = &mut record.model
+            && model.len() > MAX_KEPT_NAME_BYTES
+        {
+            *model = kept_name(model);
+        }
         if let Some(file) = &self.file
             && let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = file.try_send(record.clone())
         {
             self.file_dropped.fetch_add(1, Ordering::Relaxed);
         }
+        let added = weight(&record);
         let mut ring = self.ring.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if ring.len() == self.capacity {
-            ring.pop_front();
+        while ring.records.len() >= self.capacity
+            || (!ring.records.is_empty() && ring.bytes + added > self.max_bytes)
+        {
+            let Some(oldest) = ring.records.pop_front() else { break };
+            ring.bytes -= weight(&oldest);
         }
-        ring.push_back(record);
+        ring.bytes += added;
+        ring.records.push_back(record);
         self.recorded.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// What the ring holds: records and their summed [`weight`].
+    pub fn held(&self) -> (usize, usize) {
+        let ring = self.ring.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (ring.records.len(), ring.bytes)
+    }
+
     /// Records added after record number `after` (0: from the first) whose arrival is at or after
-    /// `since_ms`, at most `limit` of them. A cursor past the newest record (the router restarted since the
-    /// reader's last call) counts as 0, and the page's `next` is then below it. A page cut at `limit` ends
-    /// at its last record (`next` is that record's number) and says how many more match (`more`).
-    pub fn page(&self, since_ms: u64, after: u64, limit: usize) -> TracePage {
+    /// `since_ms`, at most `limit` of them and at most `max_bytes` of [`weight`] (but always one, when one
+    /// matches). A cursor past the newest record (the router restarted since the reader's last call) counts
+    /// as 0, and the page's `next` is then below it. A page cut at either limit ends at its last record
+    /// (`next` is that record's number) and says how many more match (`more`).
+    pub fn page(&self, since_ms: u64, after: u64, limit: usize, max_bytes: usize) -> TracePage {
         let ring = self.ring.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let newest = self.recorded.load(Ordering::Relaxed);
         let after = if after > newest { 0 } else { after };
         // The ring holds records `oldest + 1 ..= newest`.
-        let oldest = newest - ring.len() as u64;
+        let oldest = newest - ring.records.len() as u64;
         let skip = usize::try_from(after.saturating_sub(oldest)).unwrap_or(usize::MAX);
         let mut records = Vec::new();
         let mut next = newest;
         let mut more = 0u64;
-        for (offset, record) in ring.iter().enumerate().skip(skip) {
+        let mut bytes = 0usize;
+        let mut full = false;
+        for (offset, record) in ring.records.iter().enumerate().skip(skip) {
             if record.timestamp < since_ms {
                 continue;
             }
-            if records.len() == limit {
+            let added = weight(record);
+            if !full && !records.is_empty() && bytes + added > max_bytes {
+                full = true;
+                next = oldest + offset as u64;
+            }
+            if full {
                 more += 1;
                 continue;
             }
+            bytes += added;
             records.push(record.clone());
             if records.len() == limit {
+                full = true;
                 next = oldest + offset as u64 + 1;
             }
         }
@@ -219,37 +295,38 @@ mod tests {
         for t in 0..5 {
             recorder.record(record(t * 10));
         }
-        let kept: Vec<u64> = recorder.page(0, 0, usize::MAX).records.iter().map(|r| r.timestamp).collect();
+        let kept: Vec<u64> =
+            recorder.page(0, 0, usize::MAX, usize::MAX).records.iter().map(|r| r.timestamp).collect();
         assert_eq!(kept, [20, 30, 40]);
-        assert_eq!(recorder.page(30, 0, usize::MAX).records.len(), 2);
+        assert_eq!(recorder.page(30, 0, usize::MAX, usize::MAX).records.len(), 2);
     }
 
     #[test]
     fn a_cursor_pages_through_records_in_the_order_they_were_added() {
         let recorder = Recorder::new(&RecordConfig { ring_capacity: 4, ..RecordConfig::default() }).unwrap();
         let arrivals = |page: &TracePage| page.records.iter().map(|r| r.timestamp).collect::<Vec<_>>();
-        assert_eq!(recorder.page(0, 0, usize::MAX), TracePage::default());
+        assert_eq!(recorder.page(0, 0, usize::MAX, usize::MAX), TracePage::default());
         // A long request that arrived first (at 5) completes after two short ones.
         for t in [10, 20, 5] {
             recorder.record(record(t));
         }
-        let first = recorder.page(0, 0, usize::MAX);
+        let first = recorder.page(0, 0, usize::MAX, usize::MAX);
         assert_eq!((arrivals(&first), first.next, first.missed), (vec![10, 20, 5], 3, 0));
         recorder.record(record(30));
-        let second = recorder.page(0, first.next, usize::MAX);
+        let second = recorder.page(0, first.next, usize::MAX, usize::MAX);
         assert_eq!((arrivals(&second), second.next, second.missed), (vec![30], 4, 0));
         // The arrival filter still applies to the page.
-        assert_eq!(arrivals(&recorder.page(15, 0, usize::MAX)), [20, 30]);
+        assert_eq!(arrivals(&recorder.page(15, 0, usize::MAX, usize::MAX)), [20, 30]);
         // Six more: the ring (4) dropped two records the reader never saw.
         for t in 40..46 {
             recorder.record(record(t));
         }
-        let late = recorder.page(0, second.next, usize::MAX);
+        let late = recorder.page(0, second.next, usize::MAX, usize::MAX);
         assert_eq!((arrivals(&late), late.next, late.missed), (vec![42, 43, 44, 45], 10, 2));
         // A first read asks for what the ring holds: nothing counts as missed.
-        assert_eq!(recorder.page(0, 0, usize::MAX).missed, 0);
+        assert_eq!(recorder.page(0, 0, usize::MAX, usize::MAX).missed, 0);
         // A cursor from before a restart (past the newest record) reads everything again.
-        let restarted = recorder.page(0, 99, usize::MAX);
+        let restarted = recorder.page(0, 99, usize::MAX, usize::MAX);
         assert_eq!((restarted.records.len(), restarted.next), (4, 10));
         assert!(restarted.next < 99);
     }
@@ -262,13 +339,48 @@ mod tests {
         }
         let arrivals = |page: &TracePage| page.records.iter().map(|r| r.timestamp).collect::<Vec<_>>();
         // Arrivals from 10 on: record 3 (arrival 1) is skipped but the cursor moves past it.
-        let first = recorder.page(10, 0, 3);
+        let first = recorder.page(10, 0, 3, usize::MAX);
         assert_eq!((arrivals(&first), first.next, first.more), (vec![10, 20, 30], 5, 2));
-        let second = recorder.page(10, first.next, 3);
+        let second = recorder.page(10, first.next, 3, usize::MAX);
         assert_eq!((arrivals(&second), second.next, second.more), (vec![40, 50], 7, 0));
         // Exactly at the limit with nothing after: the page ends at the newest record.
-        let exact = recorder.page(40, 0, 2);
+        let exact = recorder.page(40, 0, 2, usize::MAX);
         assert_eq!((arrivals(&exact), exact.next, exact.more), (vec![40, 50], 7, 0));
+    }
+
+    #[test]
+    fn the_ring_and_its_pages_are_bounded_by_bytes_and_each_record_is_bounded() {
+        let one = weight(&record(0));
+        let config =
+            RecordConfig { ring_capacity: 1000, max_ring_bytes: 10 * one, ..RecordConfig::default() };
+        let recorder = Recorder::new(&config).unwrap();
+        for t in 0..25 {
+            recorder.record(record(t));
+        }
+        assert_eq!(recorder.held(), (10, 10 * one), "the ring keeps what its bytes allow");
+        // A page of 4 records' bytes: cut there, the rest counted, the cursor on its last record.
+        let page = recorder.page(0, 0, 100, 4 * one);
+        let arrivals: Vec<u64> = page.records.iter().map(|r| r.timestamp).collect();
+        assert_eq!((arrivals, page.next, page.more), (vec![15, 16, 17, 18], 19, 6));
+        let rest = recorder.page(0, page.next, 100, 4 * one);
+        assert_eq!((rest.records.len(), rest.next, rest.more), (4, 23, 2));
+        // One record heavier than the page's bytes still comes, alone.
+        assert_eq!(recorder.page(0, 0, 100, 1).records.len(), 1);
+
+        // A client's unbounded data: a 1 MiB model name and a prompt of 200,000 blocks.
+        let huge = TraceRecord {
+            model: Some("m".repeat(1 << 20)),
+            ..TraceRecord::mooncake(99, 3_200_000, 1, (0..200_000).collect())
+        };
+        recorder.record(huge);
+        let kept = recorder.page(99, 0, 1, usize::MAX).records.remove(0);
+        assert_eq!(kept.hash_ids.len(), MAX_RECORDED_BLOCKS);
+        assert_eq!(kept.hash_ids[..3], [0, 1, 2], "the prefix is kept");
+        let model = kept.model.unwrap();
+        assert!(model.len() <= MAX_KEPT_NAME_BYTES + 3 && model.ends_with("..."), "{}", model.len());
+        assert_eq!(kept_name(&"€".repeat(100)).len(), 255 + 3, "cut at a character boundary");
+        // Heavier than the whole ring: it stays alone (the bound is its own, fixed).
+        assert_eq!(recorder.held().0, 1);
     }
 
     #[test]

@@ -14,6 +14,11 @@
 //! need. Here each connection is hyper's HTTP/1 server with a header read timeout
 //! ([`crate::RouterConfig::header_read_timeout`]).
 //!
+//! The loop serves any hyper service with the refusals of a [`Refusals`] (the fleetdeck app's headless server
+//! runs on it too, with its own words): connections over the cap are answered at once and closed, and the
+//! answers hyper makes itself to a request it cannot parse (400, 414, 431), which no route sees, can carry a
+//! header (fleet-router's request id) added on their way out ([`Stamped`]).
+//!
 //! Shutdown (mini-redis's pattern): when `shutdown` fires the loop stops accepting, each connection
 //! finishes the request in flight and closes, and [`serve`] returns once the last one has (every
 //! connection task holds a sender of a channel whose receiver waits for them all to be dropped).
@@ -24,13 +29,15 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::task::{Context, Poll};
+
 use axum::Router;
-use axum::http::{HeaderValue, Method, Request};
+use axum::http::{HeaderName, HeaderValue, Method, Request};
 use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -106,27 +113,241 @@ pub struct Deadlines {
     pub max_connections: usize,
 }
 
-/// The whole answer to a client over the connection cap, written straight to its socket: hyper never
-/// runs for it, so an over-the-cap client costs one small write and a close.
-fn over_capacity_answer(request_id: u64) -> Vec<u8> {
-    let body = r#"{"error":{"message":"fleet-router is at its connection limit (--max-connections); retry later","type":"router_error","param":null,"code":503}}"#;
-    format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n\
-         {}: {request_id}\r\ncontent-length: {}\r\n\r\n{body}",
-        crate::proxy::REQUEST_ID_HEADER,
-        body.len()
-    )
-    .into_bytes()
+/// What the serve loop needs of the program it serves besides its service: the refusals it makes before any
+/// route runs, in that program's words.
+pub trait Refusals: Send + Sync + 'static {
+    /// The whole HTTP/1.1 answer to a client over the connection cap, written straight to its socket (hyper
+    /// never runs for it, so an over-the-cap client costs one small write and a close). Also counts it.
+    fn over_capacity(&self) -> Vec<u8>;
+
+    /// A header to add to the answers hyper makes itself (a request it cannot parse: 400, 414, 431), which no
+    /// route sees; `None` adds nothing.
+    fn stamp(&self) -> Option<(HeaderName, HeaderValue)> {
+        None
+    }
+}
+
+/// An HTTP/1.1 503 answer with a JSON body, closing the connection: the shape of an over-the-cap refusal.
+pub fn over_capacity_answer(json: &str, extra_headers: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
+    let mut head = String::from(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n",
+    );
+    for (name, value) in extra_headers {
+        head.push_str(&format!("{name}: {}\r\n", value.to_str().unwrap_or_default()));
+    }
+    head.push_str(&format!("content-length: {}\r\n\r\n{json}", json.len()));
+    head.into_bytes()
+}
+
+/// fleet-router's refusals: counted in `/metrics`, each with its request id.
+struct RouterRefusals(Arc<RouterState>);
+
+impl Refusals for RouterRefusals {
+    fn over_capacity(&self) -> Vec<u8> {
+        self.0.metrics.count_refusal(Refusal::ConnectionLimit);
+        let body = r#"{"error":{"message":"fleet-router is at its connection limit (--max-connections); retry later","type":"router_error","param":null,"code":503}}"#;
+        let id = HeaderValue::from(self.0.next_request_id());
+        over_capacity_answer(body, &[(crate::proxy::REQUEST_ID_HEADER, id)])
+    }
+
+    fn stamp(&self) -> Option<(HeaderName, HeaderValue)> {
+        Some((crate::proxy::REQUEST_ID_HEADER, HeaderValue::from(self.0.next_request_id())))
+    }
+}
+
+/// A client connection that adds the [`Refusals::stamp`] header to the answers hyper writes itself.
+///
+/// hyper answers a request it cannot parse with a bare head (`HTTP/1.1 400 Bad Request`, `414`, `431`, a
+/// `content-length: 0`, a date) and closes the connection; no service runs, so nothing else can add a header
+/// to it. This recognises such a head as it is written (an error status of those three, a head that ends the
+/// write and does not carry the header already, as every answer of a route does) and writes it with the
+/// header after its status line. Other writes pass through untouched: one length check and a byte compare.
+pub struct Stamped<IO> {
+    io: IO,
+    refusals: Option<Arc<dyn Refusals>>,
+    /// A stamped head being written: its bytes, how many are written, and the length the caller wrote.
+    pending: Option<(Vec<u8>, usize, usize)>,
+}
+
+impl<IO> Stamped<IO> {
+    /// `io`, stamping hyper's own answers with `refusals`' header (none when it has none).
+    pub fn new(io: IO, refusals: &Arc<dyn Refusals>) -> Self {
+        Self { io, refusals: Some(refusals.clone()), pending: None }
+    }
+}
+
+/// Whether `buf` may be the whole head of an answer hyper made itself: a status hyper answers itself, and
+/// nothing after the head. (Whether it lacks the header is asked next, of these few only.)
+fn own_error_head(buf: &[u8]) -> bool {
+    const STATUSES: [&[u8]; 3] = [b"400 ", b"414 ", b"431 "];
+    buf.len() < 1024
+        && buf.starts_with(b"HTTP/1.")
+        && buf.get(9..13).is_some_and(|status| STATUSES.contains(&status))
+        && buf.ends_with(b"\r\n\r\n")
+}
+
+/// Whether the head `buf` carries a header called `name` (names are case-insensitive).
+fn has_header(buf: &[u8], name: &HeaderName) -> bool {
+    let name = name.as_str().as_bytes();
+    buf.windows(name.len() + 1).any(|w| w[0] == b'\n' && w[1..].eq_ignore_ascii_case(name))
+}
+
+impl<IO: AsyncWrite + Unpin> Stamped<IO> {
+    /// Writes the pending stamped head; `Ready(Ok(n))` with the caller's length once all of it is out.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        while let Some((bytes, written, reported)) = &mut self.pending {
+            match Pin::new(&mut self.io).poll_write(cx, &bytes[*written..]) {
+                Poll::Ready(Ok(0)) => {
+                    self.pending = None;
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => {
+                    *written += n;
+                    if *written == bytes.len() {
+                        let reported = *reported;
+                        self.pending = None;
+                        return Poll::Ready(Ok(reported));
+                    }
+                }
+                Poll::Ready(Err(error)) => {
+                    self.pending = None;
+                    return Poll::Ready(Err(error));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(0))
+    }
+
+    /// Starts writing `buf` stamped, if it is one of hyper's own answers; `None` when it is not.
+    fn try_stamp(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Option<Poll<std::io::Result<usize>>> {
+        let refusals = self.refusals.as_ref()?;
+        if !own_error_head(buf) {
+            return None;
+        }
+        let (name, value) = refusals.stamp()?;
+        if has_header(buf, &name) {
+            return None;
+        }
+        let line_end = buf.windows(2).position(|w| w == b"\r\n")? + 2;
+        let mut stamped = Vec::with_capacity(buf.len() + 64);
+        stamped.extend_from_slice(&buf[..line_end]);
+        stamped.extend_from_slice(name.as_str().as_bytes());
+        stamped.extend_from_slice(b": ");
+        stamped.extend_from_slice(value.as_bytes());
+        stamped.extend_from_slice(b"\r\n");
+        stamped.extend_from_slice(&buf[line_end..]);
+        self.pending = Some((stamped, 0, buf.len()));
+        Some(self.poll_pending(cx))
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Stamped<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Stamped<IO> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.pending.is_some() {
+            return this.poll_pending(cx);
+        }
+        if let Some(stamped) = this.try_stamp(cx, buf) {
+            return stamped;
+        }
+        Pin::new(&mut this.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.pending.is_some() {
+            return this.poll_pending(cx);
+        }
+        // A head hyper made itself is its own slice (and the only one: such an answer has no body).
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty())
+            && let Some(stamped) = this.try_stamp(cx, first)
+        {
+            return stamped;
+        }
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.pending.is_some()
+            && let Poll::Pending = this.poll_pending(cx)
+        {
+            return Poll::Pending;
+        }
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.pending.is_some()
+            && let Poll::Pending = this.poll_pending(cx)
+        {
+            return Poll::Pending;
+        }
+        Pin::new(&mut this.io).poll_shutdown(cx)
+    }
 }
 
 /// How long a write of [`over_capacity_answer`] may take before the connection is dropped unanswered.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Serves `routes` on `listener` until `shutdown` is cancelled and every open connection has closed, or
-/// the shutdown grace has passed and the rest have been cut off.
-pub async fn serve<L>(mut listener: L, routes: Routes, deadlines: Deadlines, shutdown: CancellationToken)
+/// Serves fleet-router's `routes` on `listener` until `shutdown` is cancelled and every open connection has
+/// closed, or the shutdown grace has passed and the rest have been cut off.
+pub async fn serve<L>(listener: L, routes: Routes, deadlines: Deadlines, shutdown: CancellationToken)
 where
     L: axum::serve::Listener,
+{
+    let refusals: Arc<dyn Refusals> = Arc::new(RouterRefusals(routes.state.clone()));
+    serve_with(listener, routes, refusals, deadlines, shutdown).await;
+}
+
+/// Serves an axum `app` on `listener` with [`serve_with`]: how the fleetdeck app's headless server runs.
+pub async fn serve_router<L>(
+    listener: L,
+    app: Router,
+    refusals: Arc<dyn Refusals>,
+    deadlines: Deadlines,
+    shutdown: CancellationToken,
+) where
+    L: axum::serve::Listener,
+{
+    serve_with(listener, TowerToHyperService::new(app), refusals, deadlines, shutdown).await;
+}
+
+/// Serves any `service` on `listener` the way fleet-router serves its routes: headers within the header
+/// read timeout, at most `max_connections` at once (the rest answered by `refusals`), graceful shutdown.
+pub async fn serve_with<L, S>(
+    mut listener: L,
+    service: S,
+    refusals: Arc<dyn Refusals>,
+    deadlines: Deadlines,
+    shutdown: CancellationToken,
+) where
+    L: axum::serve::Listener,
+    S: hyper::service::Service<Request<Incoming>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
 {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(deadlines.header_read);
@@ -142,8 +363,7 @@ where
             accepted = listener.accept() => accepted,
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            routes.state.metrics.count_refusal(Refusal::ConnectionLimit);
-            let answer = over_capacity_answer(routes.state.next_request_id());
+            let answer = refusals.over_capacity();
             tokio::spawn(async move {
                 let mut io = io;
                 let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
@@ -154,7 +374,7 @@ where
             });
             continue;
         };
-        let connection = http.serve_connection(TokioIo::new(io), routes.clone());
+        let connection = http.serve_connection(TokioIo::new(Stamped::new(io, &refusals)), service.clone());
         // A child token per connection: each waits on its own notifier, not on one shared by all.
         let stop = shutdown.child_token();
         let cut_off = cut_off.clone();

@@ -32,6 +32,8 @@ const POLICY_HISTORY: usize = 100;
 const HEAT_ENTRIES: usize = 200_000;
 /// Prefix groups listed in `GET /admin/state`.
 const TOP_GROUPS: usize = 20;
+/// How often a replica of unknown model is asked its `/v1/models` while it answers probes.
+pub const MODEL_LOOKUP_EVERY: Duration = Duration::from_secs(2);
 
 /// Locks a std mutex, ignoring poisoning (every critical section here leaves the data consistent).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -77,6 +79,8 @@ pub struct Replica {
     pub connections: ReplicaConnections,
     /// The URL as a response header value (`x-fleet-replica`), built once.
     pub url_header: Option<axum::http::HeaderValue>,
+    /// When (router ms) its `/v1/models` may be asked again while its model is unknown.
+    next_model_lookup_ms: AtomicU64,
 }
 
 impl Replica {
@@ -211,13 +215,32 @@ impl PolicyVersion {
 }
 
 /// Reads a policy spec sent to the router (an admin PUT's body or an etcd value): UTF-8 JSON or YAML,
-/// checked by fleet-policy. Both ways in go through here and [`RouterState::put_policy`]'s swap.
+/// checked by fleet-policy (its size and nesting first, then the parse). Synchronous: the async ways in
+/// call [`parse_policy_bounded`].
 pub fn parse_policy_text(body: &[u8]) -> Result<PolicySpec, SpecError> {
+    fleet_policy::check_spec_text(body)?;
     let text = std::str::from_utf8(body).map_err(|_| SpecError::Parse {
         format: "JSON or YAML",
         message: "the body is not UTF-8".to_owned(),
     })?;
     text.parse::<PolicySpec>()
+}
+
+/// [`parse_policy_text`] as both ways in (the admin PUT and the etcd watcher) run it: the size and nesting
+/// checks on the caller's thread (one linear pass, refusing at once), the parse on a blocking thread within
+/// [`fleet_policy::SPEC_PARSE_DEADLINE`], so no spec text holds the threads that serve traffic.
+pub async fn parse_policy_bounded(body: bytes::Bytes) -> Result<PolicySpec, SpecError> {
+    fleet_policy::check_spec_text(&body)?;
+    let deadline = fleet_policy::SPEC_PARSE_DEADLINE;
+    let parse = tokio::task::spawn_blocking(move || parse_policy_text(&body));
+    match tokio::time::timeout(deadline, parse).await {
+        Ok(Ok(parsed)) => parsed,
+        Ok(Err(_)) => Err(SpecError::Parse {
+            format: "JSON or YAML",
+            message: "the parser stopped unexpectedly".to_owned(),
+        }),
+        Err(_) => Err(SpecError::TooSlow { limit_ms: deadline.as_millis() as u64 }),
+    }
 }
 
 /// A recorded pick, as `GET /admin/decisions` lists it.
@@ -303,6 +326,33 @@ impl Serialize for CachePrediction {
     }
 }
 
+impl DecisionRecord {
+    /// An upper bound of its size, as JSON and in memory (as [`crate::recording::weight`] is for a trace
+    /// record): fixed fields, 256 bytes a candidate, 6 bytes a byte of text, 128 for a cache prediction.
+    pub fn weight(&self) -> usize {
+        let decision = &self.decision;
+        let text = self.model.as_ref().map_or(0, String::len)
+            + self.replica.len()
+            + self.policy.len()
+            + decision.policy.len()
+            + decision.reason.len()
+            + decision.notes.iter().map(String::len).sum::<usize>()
+            + decision.candidates.iter().filter_map(|c| c.note.as_ref()).map(String::len).sum::<usize>()
+            + self.attempts.iter().map(String::len).sum::<usize>()
+            + self.error.as_ref().map_or(0, String::len);
+        let prediction = self.cached_tokens.as_ref().map_or(0, |_| 128);
+        384 + 256 * decision.candidates.len() + 6 * text + prediction
+    }
+}
+
+/// The decision log: the records and what they weigh.
+#[derive(Debug, Default)]
+struct DecisionLog {
+    records: VecDeque<Arc<DecisionRecord>>,
+    /// The sum of the records' [`DecisionRecord::weight`]s.
+    bytes: usize,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct HeatEntry {
     ts_ms: u64,
@@ -344,7 +394,7 @@ pub struct RouterState {
     pub metrics: Metrics,
     /// Traffic recording.
     pub recorder: Recorder,
-    decisions: Mutex<VecDeque<Arc<DecisionRecord>>>,
+    decisions: Mutex<DecisionLog>,
     heat: Mutex<HeatWindow>,
     /// Client for probes and model lookups (off the hot path).
     pub client: reqwest::Client,
@@ -368,6 +418,8 @@ impl RouterState {
             .pool_idle_timeout(Duration::from_secs(30))
             // Replicas are reached directly: a desktop's HTTP(S)_PROXY must not capture probes.
             .no_proxy()
+            // A probe or model lookup is about the replica at that URL: a redirect elsewhere is not followed.
+            .redirect(reqwest::redirect::Policy::none())
             .build()?;
         let first = PolicyVersion::new(1, config.policy.clone(), None)?;
         let recorder = Recorder::new(&config.record)?;
@@ -385,7 +437,10 @@ impl RouterState {
             }),
             metrics: Metrics::default(),
             recorder,
-            decisions: Mutex::new(VecDeque::with_capacity(decisions_capacity.min(4096))),
+            decisions: Mutex::new(DecisionLog {
+                records: VecDeque::with_capacity(decisions_capacity.min(4096)),
+                bytes: 0,
+            }),
             heat: Mutex::new(HeatWindow::default()),
             client,
             tokenizer,
@@ -425,10 +480,55 @@ impl RouterState {
             Some(model) => model.clone(),
             None => self.learn_model(&spec.url).await.unwrap_or_default(),
         };
+        self.install(spec, model, None).await
+    }
+
+    /// A replica that joined without a model (it was down, or its `/v1/models` did not answer) serves the
+    /// unknown group, which takes any model name. When it answers probes again, this asks its `/v1/models`
+    /// (at most every [`MODEL_LOOKUP_EVERY`]) and, once it names a model, moves the replica into that
+    /// model's group in one swap of the fleet view: same id, same counters, no moment without it. True when
+    /// it moved.
+    pub async fn learn_missing_model(self: &Arc<Self>, replica: &Arc<Replica>) -> bool {
+        if !replica.model.is_empty() || replica.spec.model.is_some() {
+            return false;
+        }
+        let now = self.now_ms();
+        let due = replica.next_model_lookup_ms.load(Ordering::Relaxed);
+        if now < due {
+            return false;
+        }
+        replica.next_model_lookup_ms.store(now + MODEL_LOOKUP_EVERY.as_millis() as u64, Ordering::Relaxed);
+        let Some(model) = self.learn_model(&replica.spec.url).await else { return false };
+        match self.install(replica.spec.clone(), model.clone(), Some(replica.clone())).await {
+            Ok(_) => {
+                tracing::info!(replica = %replica.spec.url, %model, "replica's model learned; it serves that model now");
+                true
+            }
+            Err(error) => {
+                tracing::debug!(replica = %replica.spec.url, %error, "the replica's model could not be applied");
+                false
+            }
+        }
+    }
+
+    /// Puts a replica of `spec` serving `model` into the fleet, in place of `previous` when given (the same
+    /// URL regrouped: it keeps its id and counters and is taken out of its old group in the same swap).
+    async fn install(
+        self: &Arc<Self>,
+        spec: ReplicaSpec,
+        model: String,
+        previous: Option<Arc<Replica>>,
+    ) -> Result<Arc<Replica>, AddReplicaError> {
         let mut admin = self.admin.lock().await;
         let current = self.fleet.load_full();
-        if current.replicas.iter().any(|replica| replica.spec.url == spec.url) {
-            return Err(AddReplicaError::Exists(spec.url));
+        let in_fleet = current.replicas.iter().find(|replica| replica.spec.url == spec.url);
+        match (&previous, in_fleet) {
+            (None, Some(_)) => return Err(AddReplicaError::Exists(spec.url)),
+            // Removed (or regrouped) meanwhile: nothing to move.
+            (Some(previous), found) if !found.is_some_and(|r| Arc::ptr_eq(r, previous)) => {
+                return Err(AddReplicaError::Exists(spec.url));
+            }
+            _ => {}
         }
         let timeouts = Timeouts {
             connect: self.config.connect_timeout,
@@ -441,23 +541,38 @@ impl RouterState {
         let url_header = axum::http::HeaderValue::from_str(&spec.url).ok();
         let requests = self.metrics.requests_of(&spec.url);
         let first_byte = self.metrics.first_byte_of(&spec.url);
+        let carried = |counter: fn(&Replica) -> &AtomicU64| {
+            AtomicU64::new(previous.as_deref().map_or(0, |p| counter(p).load(Ordering::Relaxed)))
+        };
         let replica = Arc::new(Replica {
             id,
             spec,
             model: model.clone(),
-            healthy: AtomicBool::new(true),
+            healthy: AtomicBool::new(previous.as_deref().is_none_or(Replica::healthy)),
             health: Mutex::new(HealthTracker::new(self.config.health.fall, self.config.health.rise)),
-            routed_total: AtomicU64::new(0),
-            errors_total: AtomicU64::new(0),
+            routed_total: carried(|r| &r.routed_total),
+            errors_total: carried(|r| &r.errors_total),
             requests,
             first_byte,
-            kv_events: AtomicU64::new(0),
-            kv_resyncs: AtomicU64::new(0),
+            kv_events: carried(|r| &r.kv_events),
+            kv_resyncs: carried(|r| &r.kv_resyncs),
             removed: self.shutdown.child_token(),
             connections,
             url_header,
+            next_model_lookup_ms: AtomicU64::new(0),
         });
         let mut groups = current.groups.clone();
+        let mut replicas = current.replicas.clone();
+        if let Some(previous) = &previous {
+            // Out of its old group first: its engine never picks it again, and an emptied group goes.
+            if let Some(group) = groups.get(&previous.model) {
+                lock(&group.engine).engine.remove_replica(previous.id);
+            }
+            replicas.retain(|r| !Arc::ptr_eq(r, previous));
+            if !replicas.iter().any(|r| r.model == previous.model) {
+                groups.remove(&previous.model);
+            }
+        }
         // Publish the view first, then teach the engine: a pick never names a replica the view lacks.
         let group = match groups.get(&model) {
             Some(group) => group.clone(),
@@ -476,26 +591,37 @@ impl RouterState {
                 group
             }
         };
-        let mut replicas = current.replicas.clone();
         replicas.push(replica.clone());
         self.fleet.store(Arc::new(FleetView { replicas, groups }));
-        lock(&group.engine).engine.add_replica(id);
+        {
+            let mut engine = lock(&group.engine);
+            engine.engine.add_replica(id);
+            if !replica.healthy() {
+                let _ = engine.engine.set_health(id, false);
+            }
+        }
         drop(admin);
+        if let Some(previous) = &previous {
+            previous.removed.cancel();
+        }
         if replica.spec.kv_events.is_some() {
             crate::kv_events::spawn_subscriber(self.clone(), replica.clone());
         }
         Ok(replica)
     }
 
+    /// The model a replica's `/v1/models` names first; `None` when it does not answer, or names none, or a
+    /// name longer than any model's ([`crate::recording::MAX_KEPT_NAME_BYTES`]).
     async fn learn_model(&self, url: &str) -> Option<String> {
         let response =
             self.client.get(format!("{url}/v1/models")).timeout(Duration::from_secs(2)).send().await.ok()?;
         if !response.status().is_success() {
             return None;
         }
-        let body = crate::proxy::read_limited(response, 1 << 20).await.ok()?;
+        let body = fleet_base::http::read_limited(response, 1 << 20).await.ok()?;
         let models: serde_json::Value = serde_json::from_slice(&body).ok()?;
-        models["data"][0]["id"].as_str().map(str::to_owned)
+        let model = models["data"][0]["id"].as_str()?;
+        (!model.is_empty() && model.len() <= crate::recording::MAX_KEPT_NAME_BYTES).then(|| model.to_owned())
     }
 
     /// Removes a replica; requests in flight on it finish. Returns it, or `None` when unknown.
@@ -550,19 +676,26 @@ impl RouterState {
     }
 
     /// Puts the value of the policy key at etcd revision `mod_revision` in force, validated exactly as an
-    /// admin PUT. `Ok(None)`: that revision (or a newer one) is in force already. An invalid value leaves
-    /// the policy in force.
+    /// admin PUT (bounded: [`parse_policy_bounded`]). `Ok(None)`: that revision (or a newer one) is in force
+    /// already. An invalid value leaves the policy in force.
     pub async fn apply_etcd_policy(
         &self,
         mod_revision: i64,
         value: &[u8],
     ) -> Result<Option<Arc<PolicyVersion>>, PolicyChangeError> {
-        let mut admin = self.admin.lock().await;
-        let current = self.policy.load_full();
-        if current.store_revision.is_some_and(|in_force| in_force >= mod_revision) {
+        let in_force = |state: &Self| state.policy.load().store_revision.is_some_and(|r| r >= mod_revision);
+        if in_force(self) {
             return Ok(None);
         }
-        let spec = parse_policy_text(value).map_err(PolicyChangeError::Invalid)?;
+        // Parsed before the admin lock is taken, so a slow value never holds other admin changes.
+        let spec = parse_policy_bounded(bytes::Bytes::copy_from_slice(value))
+            .await
+            .map_err(PolicyChangeError::Invalid)?;
+        let mut admin = self.admin.lock().await;
+        if in_force(self) {
+            return Ok(None);
+        }
+        let current = self.policy.load_full();
         let mut next = PolicyVersion::new(current.version + 1, spec, Some(current.version))
             .map_err(PolicyChangeError::Invalid)?;
         next.store_revision = Some(mod_revision);
@@ -634,21 +767,43 @@ impl RouterState {
                 matched_blocks: matched,
             });
         }
-        let mut decisions = lock(&self.decisions);
-        if decisions.len() >= self.config.decisions_capacity {
-            decisions.pop_front();
+        let added = record.weight();
+        let mut log = lock(&self.decisions);
+        while log.records.len() >= self.config.decisions_capacity
+            || (!log.records.is_empty() && log.bytes + added > self.config.decisions_max_bytes)
+        {
+            let Some(oldest) = log.records.pop_front() else { break };
+            log.bytes -= oldest.weight();
         }
-        decisions.push_back(Arc::new(record));
+        log.bytes += added;
+        log.records.push_back(Arc::new(record));
     }
 
-    /// The newest `limit` decisions, newest first.
-    pub fn recent_decisions(&self, limit: usize) -> Vec<Arc<DecisionRecord>> {
-        lock(&self.decisions).iter().rev().take(limit).cloned().collect()
+    /// The newest `limit` decisions, newest first, at most `max_bytes` of them by
+    /// [`DecisionRecord::weight`] (but always the newest one).
+    pub fn recent_decisions(&self, limit: usize, max_bytes: usize) -> Vec<Arc<DecisionRecord>> {
+        let log = lock(&self.decisions);
+        let mut bytes = 0usize;
+        let mut page = Vec::new();
+        for record in log.records.iter().rev().take(limit) {
+            bytes += record.weight();
+            if !page.is_empty() && bytes > max_bytes {
+                break;
+            }
+            page.push(record.clone());
+        }
+        page
+    }
+
+    /// What the decision log holds: records and their summed [`DecisionRecord::weight`].
+    pub fn decisions_held(&self) -> (usize, usize) {
+        let log = lock(&self.decisions);
+        (log.records.len(), log.bytes)
     }
 
     /// The decision for request `request_id`, if the log still holds it.
     pub fn decision_of(&self, request_id: u64) -> Option<Arc<DecisionRecord>> {
-        lock(&self.decisions).iter().rev().find(|record| record.request_id == request_id).cloned()
+        lock(&self.decisions).records.iter().rev().find(|record| record.request_id == request_id).cloned()
     }
 
     /// The `/admin/state` document.
@@ -818,6 +973,9 @@ pub async fn probe_loop(state: Arc<RouterState>) {
                     Ok(response) if response.status().is_success()
                 );
                 state.observe_health(&replica, ok);
+                if ok {
+                    state.learn_missing_model(&replica).await;
+                }
             }
         });
         futures_util::future::join_all(probes).await;

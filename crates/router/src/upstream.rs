@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
+use fleet_base::error::error_chain;
 use http_body_util::Full;
 use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::http1::SendRequest;
@@ -62,19 +63,12 @@ pub enum UpstreamError {
         timeout: Duration,
     },
     /// The request could not be sent or its answer read (the connection broke).
-    #[error("{}", chain(.0))]
+    /// Shown with its causes: hyper's own messages are terse without their sources.
+    #[error("{}", error_chain(.0))]
     Http(#[from] hyper::Error),
     /// Nothing arrived for the read timeout.
     #[error("no answer for {} ms (the router's read timeout)", .0.as_millis())]
     Silent(Duration),
-}
-
-/// An error and its causes, `outer: inner: ...` (hyper's own messages are terse without their sources).
-fn chain(error: &dyn std::error::Error) -> String {
-    std::iter::successors(Some(error), |error| error.source())
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 /// How the router reaches one replica: connect, read and idle timeouts.
@@ -421,7 +415,7 @@ mod tests {
     #[test]
     fn errors_name_their_causes() {
         let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
-        assert_eq!(chain(&Outer(refused)), "client error (Connect): connection refused");
+        assert_eq!(error_chain(&Outer(refused)), "client error (Connect): connection refused");
         assert_eq!(
             UpstreamError::Silent(Duration::from_millis(1500)).to_string(),
             "no answer for 1500 ms (the router's read timeout)"

@@ -6,6 +6,8 @@ mod support;
 
 #[path = "router/admin.rs"]
 mod admin;
+#[path = "router/attacks.rs"]
+mod attacks;
 #[path = "router/etcd.rs"]
 mod etcd;
 #[path = "router/features.rs"]

@@ -91,6 +91,15 @@ pub struct GenArgs {
     /// Bursty arrivals: bursts at this many times the quiet rate (20% of the time, 5 s on average).
     #[arg(long)]
     pub bursty: Option<f64>,
+    /// With --bursty: the share of time in bursts, between 0 and 1 exclusive (default 0.2).
+    #[arg(long, requires = "bursty")]
+    pub burst_share: Option<f64>,
+    /// With --bursty: the mean burst length in seconds (default 5).
+    #[arg(long, requires = "bursty")]
+    pub burst_s: Option<f64>,
+    /// Skew: the hot tenant's (the longest system prompt's) share of the sessions, 0 to 1, e.g. 0.5.
+    #[arg(long)]
+    pub hot_share: Option<f64>,
     /// Tenants with their own system prompts.
     #[arg(long)]
     pub tenants: Option<usize>,
@@ -196,7 +205,14 @@ pub fn run_gen(args: GenArgs) -> Result<()> {
         config.rate_rps = rate;
     }
     if let Some(factor) = args.bursty {
-        config.arrivals = Arrivals::Bursty { factor, on_share: 0.2, mean_burst_s: 5.0 };
+        config.arrivals = Arrivals::Bursty {
+            factor,
+            on_share: args.burst_share.unwrap_or(0.2),
+            mean_burst_s: args.burst_s.unwrap_or(5.0),
+        };
+    }
+    if let Some(share) = args.hot_share {
+        config.hot_tenant_share = Some(share);
     }
     if let Some(tenants) = args.tenants {
         config.tenants = tenants;

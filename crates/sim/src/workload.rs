@@ -56,6 +56,10 @@ pub struct GenConfig {
     pub tenants: usize,
     /// Zipf exponent of tenant popularity (tenant i has weight 1 / (i+1)^s).
     pub tenant_zipf: f64,
+    /// Skew: the share of new sessions (and so, as follow-ups stay in their session, of requests) that
+    /// belong to the hot tenant (tenant 0, the longest system prompt); the rest follow the Zipf draw over
+    /// the other tenants. `None` leaves tenant 0 to the Zipf draw alone.
+    pub hot_tenant_share: Option<f64>,
     /// System prompt length of the most popular tenant, in blocks; tenant i gets
     /// `max(min_system_blocks, hot_system_blocks / (i+1))`.
     pub hot_system_blocks: u32,
@@ -89,6 +93,7 @@ impl Default for GenConfig {
             block_tokens: fleet_trace::MOONCAKE_BLOCK_TOKENS,
             tenants: 40,
             tenant_zipf: 1.1,
+            hot_tenant_share: None,
             hot_system_blocks: 48,
             min_system_blocks: 2,
             documents: 200,
@@ -134,6 +139,20 @@ impl GenConfig {
         {
             if !(0.0..=1.0).contains(&share) {
                 return fail(field, "a share is between 0 and 1");
+            }
+        }
+        if let Some(share) = self.hot_tenant_share {
+            if !(0.0..=1.0).contains(&share) {
+                return fail(
+                    "hot_tenant_share",
+                    "a share is between 0 and 1 (0.5: half the traffic is the hot tenant's)",
+                );
+            }
+            if self.tenants < 2 && share < 1.0 {
+                return fail(
+                    "hot_tenant_share",
+                    "below 1 it needs at least 2 tenants (the others take the rest)",
+                );
             }
         }
         if self.user_tokens.0 == 0 || self.user_tokens.0 > self.user_tokens.1 {
@@ -203,6 +222,8 @@ pub fn generate(config: &GenConfig) -> Result<Vec<TraceRecord>, GenError> {
         .map(|i| fresh((config.hot_system_blocks / (i as u32 + 1)).max(config.min_system_blocks)))
         .collect();
     let tenants = zipf_cumulative(config.tenants, config.tenant_zipf);
+    // With a hot share, the others are drawn by Zipf among themselves (tenant 1 the most popular of them).
+    let others = zipf_cumulative(config.tenants.saturating_sub(1).max(1), config.tenant_zipf);
     let documents: Vec<Vec<u64>> = (0..config.documents).map(|_| fresh(config.document_blocks)).collect();
     let popular_docs = zipf_cumulative(config.documents.max(1), 1.0);
     let mut sessions: Vec<Session> = Vec::new();
@@ -235,7 +256,12 @@ pub fn generate(config: &GenConfig) -> Result<Vec<TraceRecord>, GenError> {
         let index = if follow_up {
             rng.random_range(0..sessions.len())
         } else {
-            let tenant = draw(&tenants, &mut rng);
+            // The hot share draws only when set, so traces without it stay what they were.
+            let tenant = match config.hot_tenant_share {
+                Some(share) if rng.random::<f64>() < share => 0,
+                Some(_) => 1 + draw(&others, &mut rng),
+                None => draw(&tenants, &mut rng),
+            };
             let mut context = systems[tenant].clone();
             if !documents.is_empty() && rng.random::<f64>() < config.document_share {
                 context.extend_from_slice(&documents[draw(&popular_docs, &mut rng)]);
@@ -324,5 +350,55 @@ mod tests {
         let rate = trace.len() as f64 / span_s;
         assert!((6.0..16.0).contains(&rate), "mean rate {rate}");
         assert!(GenConfig { tenants: 0, ..GenConfig::default() }.validate().is_err());
+    }
+
+    /// Requests whose prompt starts with the hot tenant's system prompt (ids 0.. of its length).
+    fn hot_share_of(trace: &[TraceRecord], config: &GenConfig) -> f64 {
+        let hot: Vec<u64> = (0..u64::from(config.hot_system_blocks)).collect();
+        let hits = trace.iter().filter(|r| r.hash_ids.starts_with(&hot)).count();
+        hits as f64 / trace.len() as f64
+    }
+
+    #[test]
+    fn hot_tenant_share_is_met_and_seeded() {
+        for share in [0.2, 0.5, 0.8] {
+            let config = GenConfig { requests: 4000, hot_tenant_share: Some(share), ..GenConfig::default() };
+            let trace = generate(&config).expect("valid");
+            assert_eq!(trace, generate(&config).expect("valid"), "same seed, same trace");
+            let measured = hot_share_of(&trace, &config);
+            assert!((measured - share).abs() < 0.05, "hot share {share}: measured {measured}");
+        }
+        // Without the field the Zipf draw alone decides, as before (tenant 0 near 1/H(40, 1.1) ~ 0.25).
+        let plain = GenConfig { requests: 4000, ..GenConfig::default() };
+        assert!(hot_share_of(&generate(&plain).expect("valid"), &plain) < 0.4);
+    }
+
+    #[test]
+    fn skew_and_burst_fields_are_validated_by_name() {
+        let field = |config: GenConfig| config.validate().expect_err("invalid").field;
+        assert_eq!(
+            field(GenConfig { hot_tenant_share: Some(1.5), ..GenConfig::default() }),
+            "hot_tenant_share"
+        );
+        assert_eq!(
+            field(GenConfig { hot_tenant_share: Some(-0.1), ..GenConfig::default() }),
+            "hot_tenant_share"
+        );
+        assert_eq!(
+            field(GenConfig { hot_tenant_share: Some(0.5), tenants: 1, ..GenConfig::default() }),
+            "hot_tenant_share"
+        );
+        assert!(
+            GenConfig { hot_tenant_share: Some(1.0), tenants: 1, ..GenConfig::default() }.validate().is_ok()
+        );
+        let bursty = |factor, on_share, mean_burst_s| GenConfig {
+            arrivals: Arrivals::Bursty { factor, on_share, mean_burst_s },
+            ..GenConfig::default()
+        };
+        assert_eq!(field(bursty(0.5, 0.2, 5.0)), "arrivals");
+        assert_eq!(field(bursty(4.0, 1.0, 5.0)), "arrivals");
+        assert_eq!(field(bursty(4.0, 0.2, 0.0)), "arrivals");
+        let parsed = "hot_tenant_share: 2".parse::<GenConfig>().expect_err("out of range");
+        assert_eq!(parsed.field, "hot_tenant_share");
     }
 }

@@ -7,8 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use fleet_store::{CompareOptions, MaintenanceConfig, SampleRow, Store, Tier, TimeWindow, WindowSpec};
-use fleetdeck_api::Signals;
+use fleet_store::{
+    CompareOptions, MaintenanceConfig, SampleRow, SampleSignals, Store, Tier, TimeWindow, WindowSpec,
+};
 
 const REPLICAS: usize = 100;
 const HOUR_MS: i64 = 3_600_000;
@@ -24,7 +25,7 @@ fn round(ts_ms: i64, k: i64) -> Vec<SampleRow> {
                 url: format!("http://10.0.{}.{}:8000", r / 250, r % 250),
                 model: "llama-3-8b".into(),
                 ts_ms,
-                signals: Signals {
+                signals: SampleSignals {
                     queue_depth: Some((r % 5) as f64 + x),
                     running: Some(8.0 + x),
                     kv_usage: Some(0.4 + x / 2.0),

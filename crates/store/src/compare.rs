@@ -22,6 +22,7 @@
 //! about n^(1/3)), resampled independently per window with a seeded RNG: the same data and
 //! seed always give the same interval.
 
+use fleet_base::quantile::interpolated;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -339,17 +340,11 @@ fn diff(
             (0..options.resamples).map(|_| bb.resampled_mean(rng) - ba.resampled_mean(rng)).collect();
         deltas.sort_by(f64::total_cmp);
         let tail = (1.0 - options.confidence.clamp(0.0, 1.0)) / 2.0;
-        ci_low = Some(quantile(&deltas, tail));
-        ci_high = Some(quantile(&deltas, 1.0 - tail));
+        // `deltas` holds `resamples` (> 0) values, so both are Some.
+        ci_low = interpolated(&deltas, tail);
+        ci_high = interpolated(&deltas, 1.0 - tail);
     }
     MetricDiff { name, a, b, delta, ci_low, ci_high, n_a: xa.len(), n_b: xb.len() }
-}
-
-/// Linear-interpolated quantile of sorted values.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let pos = q * (sorted.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
 }
 
 /// Circular moving-block bootstrap of the mean, with block sums from prefix sums so a

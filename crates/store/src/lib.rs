@@ -21,7 +21,6 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleetdeck_api::Signals;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -49,6 +48,8 @@ pub const DEFAULT_FLEET: &str = "default";
 pub enum StoreError {
     #[error("cannot open the history database {path}: {source}")]
     Open { path: String, source: sqlx::Error },
+    #[error("cannot make the history database {path} readable by its owner only (mode 0600): {source}")]
+    Permissions { path: String, source: std::io::Error },
     #[error("cannot bring the history database {path} up to date: {source}")]
     Migrate { path: String, source: sqlx::migrate::MigrateError },
     #[error("history database error: {0}")]
@@ -69,13 +70,31 @@ pub enum StoreError {
     BadWindow { window: String },
 }
 
+/// The signals a sample stores, one column each; `None` (NULL) means "not provided or no data in the
+/// window", never zero. The store's own type, so the history does not change with the UI's contract.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SampleSignals {
+    /// Requests waiting for admission.
+    pub queue_depth: Option<f64>,
+    /// Requests in the running batch.
+    pub running: Option<f64>,
+    /// KV-cache usage, 0..=1.
+    pub kv_usage: Option<f64>,
+    /// Prefix-cache hits / queries over the signal window.
+    pub hit_rate: Option<f64>,
+    /// TTFT median over the signal window, in seconds.
+    pub ttft_p50_s: Option<f64>,
+    /// TTFT 95th percentile over the signal window, in seconds.
+    pub ttft_p95_s: Option<f64>,
+}
+
 /// One scrape's signals for one replica.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SampleRow {
     pub url: String,
     pub model: String,
     pub ts_ms: i64,
-    pub signals: Signals,
+    pub signals: SampleSignals,
     /// Prompt (prefill) tokens per second since the previous scrape; `None`: not reported.
     pub prompt_tok_s: Option<f64>,
     /// Generated tokens per second since the previous scrape; `None`: not reported.
@@ -101,10 +120,45 @@ pub struct Store {
     replica_ids: Arc<Mutex<HashMap<(String, String), i64>>>,
 }
 
+/// Creates `path` (mode 0600) if it does not exist, and takes group and other permissions away from it and
+/// from SQLite's `-wal` and `-shm` files beside it when they exist (Unix; elsewhere nothing to do).
+fn owner_only(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        // `create` without `truncate`: an existing database is opened as it is, never emptied.
+        std::fs::OpenOptions::new().append(true).create(true).mode(0o600).open(path)?;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            let file = std::path::PathBuf::from(name);
+            match std::fs::metadata(&file) {
+                Ok(meta) if meta.permissions().mode() & 0o077 != 0 => {
+                    let mode = meta.permissions().mode() & 0o700;
+                    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))?;
+                }
+                Ok(_) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
 impl Store {
-    /// Opens (creating if needed) the database at `path` and applies pending migrations.
+    /// Opens (creating if needed) the database at `path` and applies pending migrations. The file (and the
+    /// WAL and shared-memory files SQLite makes beside it, which take its mode) is readable by its owner only
+    /// (0600, as the token files): it holds the fleet's addresses, its policies and who pushed them. A file
+    /// others could read is made 0600 first.
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
         let shown = path.display().to_string();
+        owner_only(path).map_err(|source| StoreError::Permissions { path: shown.clone(), source })?;
         let options = SqliteConnectOptions::from_str("sqlite://")
             .map_err(|source| StoreError::Open { path: shown.clone(), source })?
             .filename(path)
@@ -239,13 +293,8 @@ impl Store {
     }
 }
 
-/// The wall clock in Unix milliseconds; only the edges (background tasks, commands) read it.
-pub fn unix_ms_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+/// The wall clock in Unix milliseconds (where it is defined: [`fleet_base::time`]).
+pub use fleet_base::time::unix_ms_now;
 
 #[cfg(test)]
 mod tests {
@@ -256,7 +305,7 @@ mod tests {
             url: url.into(),
             model: "m".into(),
             ts_ms,
-            signals: Signals { ttft_p95_s: p95, queue_depth: Some(1.0), ..Signals::default() },
+            signals: SampleSignals { ttft_p95_s: p95, queue_depth: Some(1.0), ..SampleSignals::default() },
             ..SampleRow::default()
         }
     }
@@ -284,6 +333,26 @@ mod tests {
             ]
         );
         assert_eq!(store.ttft_p95_series(2500).await.unwrap()[0].1, vec![(3000, 0.3)]);
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn the_database_and_its_wal_are_readable_by_their_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("history.sqlite");
+        let store = Store::open(&path).await.unwrap();
+        store.insert_samples(&[row("http://a", 1000, Some(0.2))]).await.unwrap();
+        let wal = dir.path().join("sub").join("history.sqlite-wal");
+        // Whatever the umask (the attack found 0644 under 022): 0600, and SQLite's WAL file takes its mode.
+        assert_eq!((mode(&path), mode(&wal)), (0o600, 0o600));
+        store.close().await;
+        // A database others could read (made by an older version) is closed to them when opened.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let store = Store::open(&path).await.unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(store.sample_count().await.unwrap(), 1, "and kept whole");
     }
 
     #[tokio::test]

@@ -96,9 +96,8 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use fleetdeck_api::Signals;
 
-    use crate::SampleRow;
+    use crate::{SampleRow, SampleSignals};
 
     use super::*;
 
@@ -113,7 +112,7 @@ mod tests {
             url: url.into(),
             model: "m".into(),
             ts_ms,
-            signals: Signals { queue_depth: queue, ..Signals::default() },
+            signals: SampleSignals { queue_depth: queue, ..SampleSignals::default() },
             prompt_tok_s: prompt,
             gen_tok_s: gen_,
         }

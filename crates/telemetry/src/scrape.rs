@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
+pub use fleet_base::error::error_chain;
+use fleet_base::http::{BodyError, read_limited};
 
 use crate::engines::{self, UnsupportedEngine};
 use crate::exposition::{self, MAX_EXPOSITION_BYTES, ParseError};
@@ -84,11 +85,38 @@ fn connect_error(url: &str, error: &reqwest::Error) -> ScrapeError {
     }
 }
 
-/// An HTTP client fit for scraping: connect deadline, kept-alive connections.
+/// Redirects followed within one request, at most.
+pub const MAX_REDIRECTS: usize = 5;
+
+/// The redirect policy of every client that reads what an operator pointed the app at (replicas, routers,
+/// Prometheus servers): a redirect is followed only within the first URL's origin (scheme, host and port),
+/// at most [`MAX_REDIRECTS`] times. A redirect elsewhere is not followed: the answer is the 3xx itself, an
+/// error naming its status, so a replica answering 302 cannot send the app's scrapes (or an admin call
+/// and its token) to another port or host.
+pub fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let next = attempt.url();
+        let origin = |url: &reqwest::Url| {
+            (url.scheme().to_owned(), url.host_str().map(str::to_owned), url.port_or_known_default())
+        };
+        let same = attempt.previous().first().is_some_and(|first| origin(first) == origin(next));
+        if !same {
+            attempt.stop()
+        } else if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+/// An HTTP client fit for scraping: connect deadline, kept-alive connections, redirects only within the
+/// target's origin ([`same_origin_redirects`]).
 pub fn client(connect_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .connect_timeout(connect_timeout)
         .pool_idle_timeout(Duration::from_secs(30))
+        .redirect(same_origin_redirects())
         .build()
 }
 
@@ -125,19 +153,10 @@ pub(crate) async fn fetch_any(
             .await
             .map_err(|e| connect_error(url, &e))?;
         let status = response.status().as_u16();
-        if response.content_length().is_some_and(|n| n as usize > limits.max_bytes) {
-            return Err(ScrapeError::TooLarge { url: url.to_string(), max: limits.max_bytes });
-        }
-        let mut body = Vec::new();
-        let mut chunks = response.bytes_stream();
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk
-                .map_err(|e| ScrapeError::Unreachable { url: url.to_string(), detail: error_chain(&e) })?;
-            if body.len() + chunk.len() > limits.max_bytes {
-                return Err(ScrapeError::TooLarge { url: url.to_string(), max: limits.max_bytes });
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let body = read_limited(response, limits.max_bytes).await.map_err(|error| match error {
+            BodyError::TooLarge => ScrapeError::TooLarge { url: url.to_string(), max: limits.max_bytes },
+            BodyError::Broken(detail) => ScrapeError::Unreachable { url: url.to_string(), detail },
+        })?;
         let text = String::from_utf8(body).map_err(|_| ScrapeError::NotText { url: url.to_string() })?;
         Ok((status, text))
     };
@@ -157,18 +176,6 @@ pub async fn scrape(
     let exposition =
         exposition::parse(&text).map_err(|source| ScrapeError::Parse { url: url.clone(), source })?;
     engines::read(&exposition).map_err(|source| ScrapeError::Unsupported { url, source })
-}
-
-/// reqwest's top-level message hides the cause ("error sending request"); show the chain.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -101,20 +101,6 @@ impl EngineSignals {
     }
 }
 
-impl EngineSignals {
-    /// The subset the UI contract carries.
-    pub fn to_api(&self) -> fleetdeck_api::Signals {
-        fleetdeck_api::Signals {
-            queue_depth: self.queue_depth,
-            running: self.running,
-            kv_usage: self.kv_usage,
-            hit_rate: self.hit_rate,
-            ttft_p50_s: self.ttft_p50_s,
-            ttft_p95_s: self.ttft_p95_s,
-        }
-    }
-}
-
 /// Signals of one replica: identity, the whole, and each labelled rank.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplicaSignals {

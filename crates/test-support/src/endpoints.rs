@@ -186,3 +186,27 @@ pub async fn gated_replica() -> Result<GatedReplica> {
     .await?;
     Ok(GatedReplica { endpoint, arrived, gate })
 }
+
+/// A replica that serves completions of any model and refuses a request body over `max_body` bytes with a
+/// 400, as an engine refuses a prompt longer than its context. Its `/v1/models` answers 404, so a router
+/// never learns its model (it serves the unknown group, which takes any model name). A fake because no
+/// engine's context limit can be set that low, nor its model list turned off.
+pub async fn refusing_replica(max_body: usize) -> Result<Endpoint> {
+    let completion = move |body: axum::body::Bytes| async move {
+        if body.len() > max_body {
+            let error = r#"{"error":{"message":"the prompt is longer than the model's context","type":"BadRequestError","code":400}}"#;
+            return (StatusCode::BAD_REQUEST, [("content-type", "application/json")], error);
+        }
+        let answer = r#"{"choices":[{"text":" ok","finish_reason":"length"}],"usage":{"prompt_tokens":4,"completion_tokens":1}}"#;
+        (StatusCode::OK, [("content-type", "application/json")], answer)
+    };
+    serve(
+        Router::new()
+            .route("/v1/completions", post(completion))
+            .route("/v1/chat/completions", post(completion))
+            .route("/v1/models", get(|| async { StatusCode::NOT_FOUND }))
+            .route("/health", get(|| async { StatusCode::OK }))
+            .layer(axum::extract::DefaultBodyLimit::disable()),
+    )
+    .await
+}

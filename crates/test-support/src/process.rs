@@ -37,6 +37,26 @@ pub fn artifacts_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The resident set size of process `pid` in bytes (`VmRSS` in `/proc/PID/status`): what tests that bound a
+/// program's memory measure.
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))?;
+    Ok(kib * 1024)
+}
+
+/// Open file descriptors of process `pid` (entries of `/proc/PID/fd`).
+pub fn open_fds(pid: u32) -> Result<usize> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .with_context(|| format!("cannot list /proc/{pid}/fd"))?
+        .count())
+}
+
 /// A child process, killed with every process it started when dropped.
 ///
 /// Children run in their own process group so that helpers they spawn (tauri-driver starts
@@ -164,10 +184,29 @@ pub async fn spawn_headless_at(
     args.extend_from_slice(extra);
     let (process, printed) =
         spawn_and_await_line(program, &args, envs, "Fleetdeck UI at", Duration::from_secs(90)).await?;
-    let (url, token) = printed
+    let link = sign_in_link(&printed)?;
+    let (url, token) = link
         .split_once("?token=")
-        .with_context(|| format!("the app printed {printed:?}, with no ?token= to sign in with"))?;
+        .with_context(|| format!("the app's sign-in link {link:?} has no ?token= to sign in with"))?;
     Ok(HeadlessApp { process, url: url.to_owned(), token: token.to_owned() })
+}
+
+/// The sign-in link from the rest of the app's `Fleetdeck UI at` line: the link itself (printed to a
+/// terminal), or read from the 0600 file the line names (stdout not a terminal, as under a test).
+pub fn sign_in_link(printed: &str) -> Result<String> {
+    if printed.contains("?token=") {
+        return Ok(printed.trim().to_owned());
+    }
+    let file = printed
+        .split_once(" is in ")
+        .and_then(|(_, rest)| rest.rsplit_once(", readable only by you)"))
+        .map(|(file, _)| file)
+        .with_context(|| {
+            format!("the app printed {printed:?}: neither a sign-in link nor the file holding it")
+        })?;
+    let link =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read the sign-in file {file}"))?;
+    Ok(link.trim().to_owned())
 }
 
 /// Starts `fleetdeck --headless` on a free loopback port watching `replicas`.

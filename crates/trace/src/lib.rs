@@ -113,14 +113,49 @@ impl TraceRecord {
     }
 }
 
+/// What is wrong with JSON that serde could not read, in words that never repeat what it read: the kind of
+/// fault, where it is (line and column), and what was expected there (the reader's own types' words).
+/// serde's own message names the value it found (`invalid type: string "..."`), and a body fetched from an
+/// operator-typed URL, or a file the app was pointed at, must not come back through the app's answers; so
+/// only the expectation is kept from it.
+pub fn json_error_shape(error: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let at = match (error.line(), error.column()) {
+        (0, _) => String::new(),
+        (line, column) => format!(" at line {line} column {column}"),
+    };
+    match error.classify() {
+        Category::Io => format!("the JSON could not be read{at}"),
+        Category::Syntax => format!("not valid JSON{at}"),
+        Category::Eof => format!("JSON that ends too early{at}"),
+        Category::Data => {
+            let text = error.to_string();
+            let text = text.strip_suffix(&at).unwrap_or(&text);
+            // `missing field `name`` names the reader's own field; everything else may quote the value.
+            if text.starts_with("missing field `") && !text.contains('"') && text.len() < 100 {
+                return format!("{text}{at}");
+            }
+            let expected = text
+                .rsplit_once(", expected ")
+                .map(|(_, expected)| expected)
+                .filter(|expected| expected.len() < 200 && !expected.contains('"'));
+            match expected {
+                Some(expected) => format!("a value of another type or shape{at} (expected {expected})"),
+                None => format!("a value this reader does not accept{at}"),
+            }
+        }
+    }
+}
+
 /// Why a trace could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     #[error("reading the trace failed at line {line}: {source}")]
     Io { line: usize, source: std::io::Error },
     #[error(
-        "line {line} is not a trace record: {source} (expected a JSON object with timestamp, input_length, \
-         output_length and hash_ids)"
+        "line {line} is not a trace record: {} (expected a JSON object with timestamp, input_length, \
+         output_length and hash_ids)",
+        json_error_shape(source)
     )]
     Json { line: usize, source: serde_json::Error },
     #[error("line {line}, field `{field}`: {reason}")]
@@ -309,6 +344,30 @@ mod tests {
             Err(TraceError::MixedBlockSizes { line: 2, first: 16, found: 512 }) => {}
             other => panic!("expected a block size error on line 2, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn json_errors_never_repeat_the_values_they_read() {
+        let secret = "root:x:0:0:SECRET";
+        for line in [
+            format!(r#"{{"timestamp": "{secret}", "input_length": 1, "output_length": 1, "hash_ids": []}}"#),
+            format!(r#"{{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": ["{secret}"]}}"#),
+            format!(r#"["{secret}"]"#),
+            format!(r#"{{"timestamp": 1, "model": ["{secret}"]}}"#),
+            secret.to_string(),
+        ] {
+            let error = parse_line(&line, 3).unwrap_err().to_string();
+            assert!(!error.contains("SECRET") && !error.contains("root"), "{error}");
+            assert!(error.contains("line 3"), "{error}");
+        }
+        let missing = parse_line(r#"{"timestamp": 1}"#, 1).unwrap_err().to_string();
+        assert!(missing.contains("missing field `input_length`"), "{missing}");
+        let wrong: serde_json::Error =
+            serde_json::from_str::<TraceRecord>(r#"{"timestamp": "x"}"#).unwrap_err();
+        assert_eq!(
+            json_error_shape(&wrong),
+            "a value of another type or shape at line 1 column 17 (expected u64)"
+        );
     }
 
     #[test]

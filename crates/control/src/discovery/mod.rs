@@ -10,7 +10,7 @@
 //! - `{replicas: [URL, ...], routers: [URL | {url, token_file}, ...]}`.
 //! - a plain list of replica URLs.
 //!
-//! (Prometheus servers are a source of their own, `sources.rs`. Kubernetes EndpointSlices are not read:
+//! (Prometheus servers are a source of their own, `fleet/prometheus.rs`. Kubernetes EndpointSlices are not read:
 //! there is no API server to test them against here.)
 
 pub mod dns_srv;

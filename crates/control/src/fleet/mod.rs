@@ -71,7 +71,7 @@ fn row(id: u32, status: TargetStatus) -> ReplicaRow {
         url: status.url,
         engine: signals.as_ref().map(|s| s.engine.name().to_string()),
         model: signals.as_ref().and_then(|s| s.model.clone()),
-        signals: signals.map(|s| s.total.to_api()).unwrap_or_default(),
+        signals: signals.map(|s| crate::signals::to_api(&s.total)).unwrap_or_default(),
         scrape,
         tokens_per_s,
     }
@@ -91,7 +91,7 @@ pub(crate) fn sample_row(url: String, at_ms: i64, signals: &fleet_telemetry::Rep
         url,
         model: signals.model.clone().unwrap_or_default(),
         ts_ms: at_ms,
-        signals: signals.total.to_api(),
+        signals: crate::signals::sample_signals(&signals.total),
         prompt_tok_s: signals.total.prompt_tokens_per_s,
         gen_tok_s: signals.total.generation_tokens_per_s,
     }

@@ -108,7 +108,7 @@ pub(crate) fn spawn_source(fleet: &Fleet, url: &str) {
                                 url: row_url,
                                 engine: Some(s.engine.name().to_owned()),
                                 model: s.model.clone(),
-                                signals: s.total.to_api(),
+                                signals: crate::signals::to_api(&s.total),
                                 scrape: ScrapeState::Ok { last_good_ms: now_ms },
                                 tokens_per_s: tokens_per_s(&s.total),
                             });

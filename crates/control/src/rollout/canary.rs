@@ -18,7 +18,7 @@ use fleetdeck_api::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{Rollout, editor, operator_name};
+use super::{Rollout, operator_name};
 use crate::routers::admin::TracePage;
 use crate::{lock, unix_ms_now};
 
@@ -126,10 +126,8 @@ pub fn side_window<'a>(observed: impl IntoIterator<Item = &'a Observed>, since_m
     let mut ttfts: Vec<f64> =
         recent.iter().filter(|r| r.succeeded).filter_map(|r| r.ttft_ms).filter(|t| t.is_finite()).collect();
     ttfts.sort_by(f64::total_cmp);
-    let ttft_p95_s = (!ttfts.is_empty()).then(|| {
-        let rank = ((ttfts.len() as f64) * 0.95).ceil() as usize;
-        ttfts[rank.clamp(1, ttfts.len()) - 1] / 1000.0
-    });
+    // Nearest rank, as the what-if's replay reports its p95: the canary and the what-if agree by construction.
+    let ttft_p95_s = fleet_base::quantile::nearest_rank(&ttfts, 0.95).map(|ms| ms / 1000.0);
     let (cached, input) = recent
         .iter()
         .filter_map(|r| r.cached_tokens.map(|c| (u64::from(c), u64::from(r.input_tokens))))
@@ -179,7 +177,7 @@ impl Canary {
     /// Starts a canary: the candidate goes to `args.canary`, is watched against `args.baseline`,
     /// then promoted or rolled back by itself. One canary runs at a time.
     pub async fn start(&self, args: CanaryArgs) -> Result<CanaryStatus, ApiError> {
-        let spec = editor::spec_or_api_error(&args.text)?;
+        let spec = super::spec_or_api_error(&args.text).await?;
         if args.observe_s == 0 || args.observe_s > MAX_OBSERVE_S {
             return Err(ApiError::new(
                 "bad_request",

@@ -9,8 +9,9 @@ use fleet_policy::{POLICY_NAMES, ParamKind, PolicySpec, SpecError, param_docs, p
 use fleet_rollout::{SpecDiff, effective_params};
 use fleetdeck_api::{ApiError, ParamDelta, ParamInfo, PolicyInfo, RouterDiff, SpecCheck, SpecProblem};
 
-/// Longest spec text accepted: a spec is a few hundred bytes; more is a pasted mistake.
-pub const MAX_SPEC_TEXT: usize = 64 * 1024;
+/// Longest spec text accepted: a spec is a few hundred bytes; more is a pasted mistake. fleet-policy's own
+/// limit, checked (with the nesting limit) before any parser runs.
+pub const MAX_SPEC_TEXT: usize = fleet_policy::MAX_SPEC_BYTES;
 
 /// Every policy with its parameters, in the order the UI lists them.
 pub fn policy_infos() -> Vec<PolicyInfo> {
@@ -50,7 +51,11 @@ pub fn policy_infos() -> Vec<PolicyInfo> {
 /// The field a spec error names, if it names one.
 pub fn problem_of(error: &SpecError) -> SpecProblem {
     let field = match error {
-        SpecError::Parse { .. } => None,
+        SpecError::Parse { .. }
+        | SpecError::TooLarge { .. }
+        | SpecError::TooDeep { .. }
+        | SpecError::YamlAlias { .. }
+        | SpecError::TooSlow { .. } => None,
         SpecError::MissingPolicy | SpecError::UnknownPolicy { .. } => Some("policy".to_owned()),
         SpecError::UnsupportedSchemaVersion { .. } => Some("schema_version".to_owned()),
         SpecError::UnknownField { field, .. }
@@ -60,32 +65,34 @@ pub fn problem_of(error: &SpecError) -> SpecProblem {
     SpecProblem { field, message: error.to_string() }
 }
 
-/// Parses and validates spec text (JSON or YAML), bounded in size.
+/// Parses and validates spec text (JSON or YAML), bounded in size and nesting (fleet-policy checks both
+/// before its parsers run). The commands run it through [`super::read_spec`], off the async threads.
 pub fn parse_spec(text: &str) -> Result<PolicySpec, SpecProblem> {
-    if text.len() > MAX_SPEC_TEXT {
-        return Err(SpecProblem {
-            field: None,
-            message: format!(
-                "the spec is {} bytes; a policy spec is at most {MAX_SPEC_TEXT} bytes, paste only the spec",
-                text.len()
-            ),
-        });
-    }
+    precheck(text)?;
+    text.parse::<PolicySpec>().map_err(|e| problem_of(&e))
+}
+
+/// What can be said of spec text without parsing it: empty, too long, too deeply nested.
+pub fn precheck(text: &str) -> Result<(), SpecProblem> {
+    fleet_policy::check_spec_text(text.as_bytes()).map_err(|e| problem_of(&e))?;
     if text.trim().is_empty() {
         return Err(SpecProblem {
             field: Some("policy".to_owned()),
             message: "the spec is empty; write `policy: NAME` and its params".to_owned(),
         });
     }
-    text.parse::<PolicySpec>().map_err(|e| problem_of(&e))
+    Ok(())
+}
+
+/// A spec problem as the error every command answers for an invalid spec.
+pub fn invalid_spec(problem: SpecProblem) -> ApiError {
+    let field = problem.field.map(|f| format!(" (field {f})")).unwrap_or_default();
+    ApiError::new("invalid_spec", format!("{}{field}; nothing was sent to any router", problem.message))
 }
 
 /// The same as [`parse_spec`], as the error every command answers for an invalid spec.
 pub fn spec_or_api_error(text: &str) -> Result<PolicySpec, ApiError> {
-    parse_spec(text).map_err(|problem| {
-        let field = problem.field.map(|f| format!(" (field {f})")).unwrap_or_default();
-        ApiError::new("invalid_spec", format!("{}{field}; nothing was sent to any router", problem.message))
-    })
+    parse_spec(text).map_err(invalid_spec)
 }
 
 /// A rollout diff in the UI's terms.
@@ -110,14 +117,19 @@ pub fn router_diff(url: &str, version: u64, diff: &SpecDiff) -> RouterDiff {
 
 /// Validation result without router diffs.
 pub fn check_text(text: &str) -> SpecCheck {
-    match parse_spec(text) {
+    check_of(&parse_spec(text))
+}
+
+/// The validation result of a parse, without router diffs.
+pub fn check_of(parsed: &Result<PolicySpec, SpecProblem>) -> SpecCheck {
+    match parsed {
         Ok(spec) => SpecCheck {
             valid: true,
             problem: None,
             policy: Some(spec.policy.clone()),
             json: Some(spec.to_json()),
             yaml: Some(spec.to_yaml()),
-            effective: effective_params(&spec)
+            effective: effective_params(spec)
                 .into_iter()
                 .map(|(name, value)| (name, value.to_string()))
                 .collect(),
@@ -125,7 +137,7 @@ pub fn check_text(text: &str) -> SpecCheck {
         },
         Err(problem) => SpecCheck {
             valid: false,
-            problem: Some(problem),
+            problem: Some(problem.clone()),
             policy: None,
             json: None,
             yaml: None,
@@ -169,7 +181,7 @@ mod tests {
         assert_eq!(check_text("").problem.unwrap().field.as_deref(), Some("policy"));
         assert!(check_text("policy: [").problem.unwrap().field.is_none());
         let huge = "#".repeat(MAX_SPEC_TEXT + 1);
-        assert!(check_text(&huge).problem.unwrap().message.contains("at most"));
+        assert!(check_text(&huge).problem.unwrap().message.contains("65536"));
     }
 
     #[test]

@@ -242,7 +242,7 @@ impl EtcdKeys {
     /// Writes a spec to the key in one txn that holds only if the key is still at `if_revision`. An invalid
     /// spec is refused before etcd is called.
     pub async fn push(&self, args: EtcdPushArgs) -> Result<EtcdPushReport, ApiError> {
-        let spec = super::editor::spec_or_api_error(&args.text)?;
+        let spec = super::spec_or_api_error(&args.text).await?;
         let store = self.etcd_key()?;
         let key = store.key(args.key.as_deref())?;
         let author = operator_name(args.operator.as_deref());

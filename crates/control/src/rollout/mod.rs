@@ -19,7 +19,7 @@ use fleet_policy::PolicySpec;
 use fleet_rollout::{Drift, PushOutcome, spec_diff};
 use fleetdeck_api::{
     ApiError, CheckSpecArgs, DriftBadge, MovedRouter, PolicyEditor, PushArgs, PushReport, PushResult,
-    RouterDiff, RouterPolicy, RouterPush, SpecCheck,
+    RouterDiff, RouterPolicy, RouterPush, SpecCheck, SpecProblem,
 };
 
 use crate::audit::Audit;
@@ -209,8 +209,9 @@ impl Rollout {
 
     /// Validates `args.text` and, when valid, diffs it against every router's active spec.
     pub async fn check_spec(&self, args: CheckSpecArgs) -> Result<SpecCheck, ApiError> {
-        let mut check = editor::check_text(&args.text);
-        let Ok(candidate) = editor::parse_spec(&args.text) else { return Ok(check) };
+        let parsed = read_spec(&args.text).await;
+        let mut check = editor::check_of(&parsed);
+        let Ok(candidate) = parsed else { return Ok(check) };
         check.diffs = self
             .inner
             .routers
@@ -235,7 +236,7 @@ impl Rollout {
     /// Pushes a spec to the chosen routers with compare-and-swap and records every outcome.
     /// An invalid spec is refused before any router is contacted.
     pub async fn push_policy(&self, args: PushArgs) -> Result<PushReport, ApiError> {
-        let spec = editor::spec_or_api_error(&args.text)?;
+        let spec = spec_or_api_error(&args.text).await?;
         if args.targets.is_empty() {
             return Err(ApiError::new("bad_request", "pick at least one router to push to"));
         }
@@ -386,6 +387,31 @@ impl Rollout {
 /// A 409 `version_conflict`: the router moved on from the version the change was conditioned on.
 fn is_conflict(outcome: &PushOutcome) -> bool {
     matches!(outcome, PushOutcome::Refused { status: 409, code, .. } if code == "version_conflict")
+}
+
+/// Spec text as every command reads it: the checks that need no parse (empty, size, nesting) at once, then
+/// the parse on a blocking thread within [`fleet_policy::SPEC_PARSE_DEADLINE`], so no text an operator (or a
+/// page) sends holds the threads that serve the UI and scrape the fleet.
+pub(crate) async fn read_spec(text: &str) -> Result<PolicySpec, SpecProblem> {
+    editor::precheck(text)?;
+    let deadline = fleet_policy::SPEC_PARSE_DEADLINE;
+    let owned = text.to_owned();
+    match tokio::time::timeout(deadline, tokio::task::spawn_blocking(move || editor::parse_spec(&owned)))
+        .await
+    {
+        Ok(Ok(parsed)) => parsed,
+        Ok(Err(_)) => {
+            Err(SpecProblem { field: None, message: "the spec parser stopped unexpectedly".to_owned() })
+        }
+        Err(_) => Err(editor::problem_of(&fleet_policy::SpecError::TooSlow {
+            limit_ms: deadline.as_millis() as u64,
+        })),
+    }
+}
+
+/// [`read_spec`], as the error every command answers for an invalid spec.
+pub(crate) async fn spec_or_api_error(text: &str) -> Result<PolicySpec, ApiError> {
+    read_spec(text).await.map_err(editor::invalid_spec)
 }
 
 #[cfg(test)]

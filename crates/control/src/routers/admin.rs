@@ -12,37 +12,14 @@ use fleet_policy::PolicySpec;
 use fleet_rollout::PushOutcome;
 use fleet_store::secrets::Secret;
 use fleetdeck_api::{Candidate, DecisionEntry};
-use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
-pub(crate) use fleet_telemetry::{connect_detail, error_chain};
-
-/// Why a router's answer body could not be read.
-#[derive(Debug)]
-pub(crate) enum BodyError {
-    /// Larger than the limit (announced or streamed).
-    TooLarge,
-    /// The connection failed mid-body (the cause chain).
-    Broken(String),
-}
-
-/// Reads a response body of at most `limit` bytes, refusing early on a larger Content-Length.
-pub(crate) async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
-    if response.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(BodyError::TooLarge);
-    }
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| BodyError::Broken(error_chain(&e)))?;
-        if body.len() + chunk.len() > limit {
-            return Err(BodyError::TooLarge);
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
+use fleet_base::http::{BodyError, read_limited};
+pub(crate) use fleet_telemetry::connect_detail;
+/// serde's errors describe a fetched body without repeating it (whatever answers at an operator-typed URL
+/// must not come back through the app).
+pub(crate) use fleet_trace::json_error_shape;
 
 /// Deadline of one admin call (connect, headers and body).
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(4);
@@ -217,7 +194,7 @@ struct WireCandidate {
 
 /// Parses `/admin/state`.
 pub fn parse_state(body: &[u8]) -> Result<RouterState, String> {
-    serde_json::from_slice(body).map_err(|e| e.to_string())
+    serde_json::from_slice(body).map_err(|e| json_error_shape(&e))
 }
 
 /// Parses `/admin/decisions` into the UI's entries, naming replicas by URL where the router's
@@ -227,7 +204,7 @@ pub fn parse_decisions(
     body: &[u8],
     urls: &HashMap<String, String>,
 ) -> Result<Vec<DecisionEntry>, String> {
-    let wire: Vec<WireDecisionEntry> = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let wire: Vec<WireDecisionEntry> = serde_json::from_slice(body).map_err(|e| json_error_shape(&e))?;
     let name = |id: &str| urls.get(id).cloned().unwrap_or_else(|| id.to_owned());
     Ok(wire
         .into_iter()
@@ -335,8 +312,9 @@ struct WirePolicy {
 
 /// Parses `GET /admin/policy` (and the 200 answers of PUT and rollback).
 pub fn parse_policy(body: &[u8]) -> Result<ActivePolicy, String> {
-    let wire: WirePolicy = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-    let spec: PolicySpec = serde_json::from_value(wire.spec).map_err(|e| format!("spec: {e}"))?;
+    let wire: WirePolicy = serde_json::from_slice(body).map_err(|e| json_error_shape(&e))?;
+    let spec: PolicySpec =
+        serde_json::from_value(wire.spec).map_err(|e| format!("spec: {}", json_error_shape(&e)))?;
     Ok(ActivePolicy { version: wire.version, spec })
 }
 
@@ -410,14 +388,26 @@ impl AdminClient {
         parse_state(&body).map_err(|detail| self.bad_body("/admin/state", detail))
     }
 
+    /// The newest `limit` decisions. An answer over [`MAX_ADMIN_BODY`] (heavy decisions, or a router that
+    /// does not bound its answers) is asked again for half as many, down to one: fewer decisions rather than
+    /// none.
     pub async fn decisions(
         &self,
         limit: u32,
         urls: &HashMap<String, String>,
     ) -> Result<Vec<DecisionEntry>, AdminError> {
-        let path = format!("/admin/decisions?limit={limit}");
-        let body = self.get(&path, MAX_ADMIN_BODY).await?;
-        parse_decisions(&self.url, &body, urls).map_err(|detail| self.bad_body(&path, detail))
+        let mut limit = limit.max(1);
+        loop {
+            let path = format!("/admin/decisions?limit={limit}");
+            match self.get(&path, MAX_ADMIN_BODY).await {
+                Ok(body) => {
+                    return parse_decisions(&self.url, &body, urls)
+                        .map_err(|detail| self.bad_body(&path, detail));
+                }
+                Err(AdminError::TooLarge { .. }) if limit > 1 => limit /= 2,
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     /// The records the router added after record number `after` (0: all it holds) that arrived at or after
@@ -426,10 +416,19 @@ impl AdminClient {
         self.trace_page(since_ms, after, TRACE_PAGE_RECORDS).await
     }
 
-    /// One page of at most `limit` records after record number `after`.
+    /// One page of at most `limit` records after record number `after`. A page over [`MAX_TRACE_BODY`]
+    /// (heavy records, or a router that does not bound its pages by bytes) is asked again for half as many
+    /// records, down to one: the reader pages on instead of failing the router.
     pub async fn trace_page(&self, since_ms: i64, after: u64, limit: usize) -> Result<TracePage, AdminError> {
-        let path = format!("/admin/trace?since={since_ms}&after={after}&limit={limit}");
-        let (headers, body) = self.get_with_headers(&path, MAX_TRACE_BODY).await?;
+        let mut limit = limit.max(1);
+        let (path, headers, body) = loop {
+            let path = format!("/admin/trace?since={since_ms}&after={after}&limit={limit}");
+            match self.get_with_headers(&path, MAX_TRACE_BODY).await {
+                Ok((headers, body)) => break (path, headers, body),
+                Err(AdminError::TooLarge { .. }) if limit > 1 => limit /= 2,
+                Err(error) => return Err(error),
+            }
+        };
         let number = |name: &str| headers.get(name).and_then(|value| value.to_str().ok()?.parse().ok());
         let records = parse_trace(&body).map_err(|detail| self.bad_body(&path, detail))?;
         Ok(TracePage {

@@ -9,7 +9,7 @@
 use fleet_telemetry::exposition;
 use serde_json::Value;
 
-use super::admin::read_limited;
+use fleet_base::http::{BodyError, read_limited};
 
 /// Largest `/workers` or `/metrics` body read from a third-party router.
 const MAX_BODY: usize = 4 << 20;
@@ -95,7 +95,8 @@ pub fn detect(workers_body: &[u8], loads_body: Option<&[u8]>) -> Option<PeerKind
 
 /// The workers of a `GET /workers` body (both routers name them by `url`).
 pub fn parse_workers(body: &[u8]) -> Result<Vec<PeerWorker>, String> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| format!("/workers is not JSON: {e}"))?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| format!("/workers is not JSON: {}", super::admin::json_error_shape(&e)))?;
     let workers = value.get("workers").and_then(Value::as_array).ok_or("/workers has no `workers` list")?;
     let mut out: Vec<PeerWorker> = workers
         .iter()
@@ -172,8 +173,8 @@ async fn get(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
         let response = http.get(url).send().await.map_err(|e| super::admin::connect_detail(&e))?;
         let status = response.status();
         let body = read_limited(response, MAX_BODY).await.map_err(|e| match e {
-            super::admin::BodyError::TooLarge => format!("more than {MAX_BODY} bytes"),
-            super::admin::BodyError::Broken(detail) => detail,
+            BodyError::TooLarge => format!("more than {MAX_BODY} bytes"),
+            BodyError::Broken(detail) => detail,
         })?;
         if status.is_success() { Ok(body) } else { Err(format!("HTTP {}", status.as_u16())) }
     };

@@ -275,6 +275,10 @@ impl Settings {
     /// a file the operator named with --router-token-file is theirs and stays.
     fn forget_token(&self, token_file: Option<&std::path::Path>) {
         let Some(file) = token_file else { return };
+        // A file another router still reads (a settings file from before names were unique) stays.
+        if self.inner.routers.urls().iter().any(|(_, other)| other.as_deref() == Some(file)) {
+            return;
+        }
         let ours = match (file.canonicalize(), self.inner.token_dir.canonicalize()) {
             (Ok(file), Ok(dir)) => file.starts_with(dir),
             _ => false,

@@ -64,7 +64,8 @@ impl SavedSettings {
     }
 }
 
-/// Replaces `path` with `bytes` atomically: temp file beside it + fsync + rename + fsync of the folder.
+/// Replaces `path` with `bytes` atomically: temp file beside it (mode 0600) + fsync + rename + fsync of the
+/// folder.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,7 +78,12 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let temp =
         dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
     let written = (|| -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&temp)?;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        // Readable by its owner only, as the token files it names (whatever the umask).
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&temp)?;
         file.write_all(bytes)?;
         file.sync_all()
     })();
@@ -119,13 +125,31 @@ pub fn validate_interval(seconds: f64) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-/// The token file of router `url` inside `dir`: a readable, unique name per router.
+/// Longest escaped URL in a token file's name; a longer URL is cut there and given its hash.
+const MAX_TOKEN_STEM: usize = 160;
+
+/// The token file of router `url` inside `dir`: a readable name, and one no other URL gets. Letters,
+/// digits, `.` and `-` stay; every other byte is written `_XX` (its hex), `_` included, so the escaping
+/// can be undone and two URLs never share a file (`.../a/b` and `.../a_b` did when both became `_`). A URL
+/// too long for a file name keeps its first bytes and adds `~` and a 64-bit FNV-1a hash of the whole URL.
 pub fn token_file_for(dir: &Path, url: &str) -> PathBuf {
-    let stem: String = url
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
-        .collect();
-    dir.join(format!("router-{}.token", stem.trim_matches('_')))
+    let mut stem = String::with_capacity(url.len());
+    for byte in url.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'.' || byte == b'-' {
+            stem.push(char::from(byte));
+        } else {
+            stem.push_str(&format!("_{byte:02X}"));
+        }
+    }
+    if stem.len() > MAX_TOKEN_STEM {
+        // The escaped text is ASCII: any byte is a character boundary.
+        stem.truncate(MAX_TOKEN_STEM);
+        let hash = url.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        stem.push_str(&format!("~{hash:016x}"));
+    }
+    dir.join(format!("router-{stem}.token"))
 }
 
 #[cfg(test)]
@@ -171,6 +195,17 @@ mod tests {
         assert!(format!("{err:#}").contains("file-not-folder"), "{err:#}");
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn the_settings_file_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settings.json");
+        SavedSettings::default().save(&path).unwrap();
+        // Whatever the umask (the attack found 0644 under 022).
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
     #[test]
     fn urls_and_intervals_are_checked_with_a_fix() {
         assert_eq!(validate_url(" http://a:1/ ").unwrap(), "http://a:1");
@@ -183,8 +218,17 @@ mod tests {
     }
 
     #[test]
-    fn token_files_are_named_after_the_router() {
+    fn token_files_are_named_after_the_router_and_never_shared() {
         let path = token_file_for(Path::new("/d"), "http://127.0.0.1:8080");
-        assert_eq!(path, Path::new("/d/router-http___127.0.0.1_8080.token"));
+        assert_eq!(path, Path::new("/d/router-http_3A_2F_2F127.0.0.1_3A8080.token"));
+        // The attack: these two shared one file (`/` and `_` both became `_`).
+        let slash = token_file_for(Path::new("/d"), "http://127.0.0.1:27900/a/b");
+        let underscore = token_file_for(Path::new("/d"), "http://127.0.0.1:27900/a_b");
+        assert_ne!(slash, underscore);
+        let long =
+            |tail: &str| token_file_for(Path::new("/d"), &format!("http://h/{}{tail}", "x".repeat(300)));
+        assert_ne!(long("1"), long("2"), "long URLs differ by their hash");
+        let name = long("1").file_name().unwrap().len();
+        assert!(name < 255, "a file name fits: {name}");
     }
 }

@@ -52,7 +52,7 @@ async fn a_locked_database_neither_stops_the_scrapes_nor_fails_silently() -> Res
     let options = SqliteConnectOptions::from_str("sqlite://")?.filename(&db);
     let mut holder = SqliteConnection::connect_with(&options).await?;
     sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder).await?;
-    let locked_at = fleetdeck_control::unix_ms_now();
+    let locked_at = fleet_base::time::unix_ms_now();
 
     let stuck = eventually("failed writes and shed rounds to show", wait, || async {
         let s = snapshot(&control).await?;

@@ -62,7 +62,7 @@ fn fill_matches(pick: &mut PickInProgress, index: &PrefixIndex, view: &RequestVi
 struct Num(f64);
 
 /// An `f64` rendered exactly as `{:.N}` renders it, with the same whole-number shortcut as [`Num`].
-struct Fixed(f64, usize);
+pub(super) struct Fixed(pub(super) f64, pub(super) usize);
 
 /// The value as an integer when `{}` would print it as one (whole, in i64 range, and not -0, which
 /// prints with its sign).

@@ -141,6 +141,55 @@ fn run_workload(
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
+    /// The load guard's invariant: with it on, no cache-aware pick starts its request (queued prefill blocks
+    /// plus the prompt blocks to prefill there) more than `spread_wait_blocks` after the soonest eligible
+    /// replica would.
+    #[test]
+    fn the_load_guard_bounds_the_chosen_replicas_expected_wait(
+        policy in 0..3usize,
+        extra in any::<u8>(),
+        spread in 0..12i64,
+        replicas in 1..10u8,
+        ops in proptest::collection::vec(op(), 1..120),
+        seed in any::<u64>(),
+    ) {
+        let name = ["cache_aware_approx", "kv_precise", "weighted_scorers"][policy];
+        let ids: Vec<ReplicaId> = (0..u32::from(replicas)).map(ReplicaId).collect();
+        let spec = spec_for(name, extra).with("spread_wait_blocks", spread);
+        let mut engine = Engine::new(spec, &ids).expect("valid");
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (mut next_request, mut outstanding) = (1, Vec::new());
+        for op in &ops {
+            // The guard's expected wait with its default decode_wait_weight (0.1).
+            let waits: BTreeMap<ReplicaId, f64> = engine
+                .replicas()
+                .into_iter()
+                .filter_map(|r| {
+                    let status = engine.replica_status(r)?;
+                    Some((r, status.active_prefill_blocks as f64 + 0.1 * status.active_decode_blocks as f64))
+                })
+                .collect();
+            let Some(Ok(decision)) = apply(&mut engine, op, replicas, &mut next_request, &mut outstanding, &mut rng)
+            else {
+                continue;
+            };
+            let start = |c: &fleet_policy::CandidateExplanation| {
+                waits[&c.replica] + f64::from(decision.prompt_blocks - c.matched_blocks.unwrap_or(0))
+            };
+            let mut eligible: Vec<_> = decision.candidates.iter().filter(|c| c.healthy && c.eligible).collect();
+            if eligible.is_empty() {
+                eligible = decision.candidates.iter().filter(|c| c.healthy).collect();
+            }
+            let soonest = eligible.iter().map(|c| start(c)).fold(f64::INFINITY, f64::min);
+            let chosen = decision.chosen().expect("one chosen");
+            prop_assert!(
+                start(chosen) <= soonest + spread as f64 + 1e-9,
+                "chosen starts after {} blocks, soonest after {soonest}, bound {spread}: {decision:?}",
+                start(chosen)
+            );
+        }
+    }
+
     #[test]
     fn a_pick_is_always_a_healthy_candidate(
         policy in 0..POLICY_NAMES.len(),

@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use fleet_base::error::error_chain;
+use fleet_base::http::read_limited;
 use fleet_telemetry::{ScrapeLimits, scrape};
 use fleet_trace::Trace;
 use futures_util::StreamExt;
@@ -291,7 +293,7 @@ async fn discover_model(
         tokio::time::timeout(config.connect_timeout + Duration::from_secs(5), client.get(&url).send())
             .await
             .map_err(|_| unreachable(format!("no answer to GET {url} within {:?}", config.connect_timeout)))?
-            .map_err(|error| unreachable(fleet_telemetry::error_chain(&error)))?;
+            .map_err(|error| unreachable(error_chain(&error)))?;
     if !response.status().is_success() {
         eprintln!(
             "bench: GET {url} answered {}; requests go without a `model` (set --model to name one)",
@@ -309,19 +311,6 @@ async fn discover_model(
         );
     }
     Ok(model)
-}
-
-async fn read_limited(response: reqwest::Response, max: usize) -> Option<Vec<u8>> {
-    let mut body = Vec::new();
-    let mut chunks = response.bytes_stream();
-    while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.ok()?;
-        if body.len() + chunk.len() > max {
-            return None;
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Some(body)
 }
 
 async fn report_progress(progress: Arc<Progress>, total: usize, every: Duration, stop: CancellationToken) {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use fleet_base::quantile::interpolated;
 use fleet_telemetry::Reading;
 use serde::Serialize;
 
@@ -41,14 +42,6 @@ pub struct Quantiles {
     pub p99: Option<f64>,
 }
 
-/// The `q` quantile of ascending `sorted` values (None when empty).
-pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
-    let last = sorted.len().checked_sub(1)?;
-    let rank = q.clamp(0.0, 1.0) * last as f64;
-    let (low, high) = (rank.floor() as usize, rank.ceil() as usize);
-    Some(sorted[low] + (sorted[high] - sorted[low]) * (rank - low as f64))
-}
-
 impl Quantiles {
     /// Of values in seconds, reported in milliseconds.
     pub fn of_seconds(mut values: Vec<f64>) -> Self {
@@ -59,9 +52,9 @@ impl Quantiles {
         Quantiles {
             count: values.len(),
             mean: ms(mean),
-            p50: ms(quantile(&values, 0.50)),
-            p95: ms(quantile(&values, 0.95)),
-            p99: ms(quantile(&values, 0.99)),
+            p50: ms(interpolated(&values, 0.50)),
+            p95: ms(interpolated(&values, 0.95)),
+            p99: ms(interpolated(&values, 0.99)),
         }
     }
 }
@@ -343,11 +336,9 @@ mod tests {
 
     #[test]
     fn quantiles_interpolate_between_ranks() {
-        let values: Vec<f64> = (1..=101).map(f64::from).collect();
-        assert_eq!(quantile(&values, 0.5), Some(51.0));
-        assert_eq!(quantile(&values, 0.95), Some(96.0));
-        assert_eq!(quantile(&[1.0, 2.0], 0.5), Some(1.5));
-        assert_eq!(quantile(&[], 0.5), None);
+        // Between the two closest ranks (fleet_base::quantile::interpolated), in milliseconds.
+        let q = Quantiles::of_seconds(vec![1.0, 0.5]);
+        assert_eq!((q.count, q.p50), (2, Some(750.0)));
         let q = Quantiles::of_seconds(vec![0.003, 0.001, 0.002, f64::NAN]);
         assert_eq!((q.count, q.p50), (3, Some(2.0)));
     }

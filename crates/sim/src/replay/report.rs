@@ -1,5 +1,6 @@
 //! The replay report: the figures an operator compares policies by, as JSON or as a table.
 
+use fleet_base::quantile::nearest_rank;
 use serde::{Deserialize, Serialize};
 
 use super::Outcome;
@@ -53,13 +54,10 @@ pub struct ReplayReport {
     pub per_replica: Vec<ReplicaReport>,
 }
 
-/// Nearest-rank percentile of sorted values (0 for none).
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// The report's TTFT quantile of sorted values: nearest rank, the definition the canary judges live TTFT by,
+/// so a prediction and a canary reading compare like for like (0 for none).
+fn ttft_quantile(sorted: &[f64], q: f64) -> f64 {
+    nearest_rank(sorted, q).unwrap_or(0.0)
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -115,7 +113,7 @@ pub(super) fn build(
     ttfts.sort_by(f64::total_cmp);
     for (replica, mut samples) in per.iter_mut().zip(per_replica_ttft) {
         samples.sort_by(f64::total_cmp);
-        replica.ttft_p95_s = percentile(&samples, 95.0);
+        replica.ttft_p95_s = ttft_quantile(&samples, 0.95);
         replica.hit_rate = ratio(replica.cached_tokens, replica.prompt_tokens);
     }
     let prefill: Vec<u64> = per.iter().map(|r| r.prefill_tokens).collect();
@@ -125,9 +123,9 @@ pub(super) fn build(
     ReplayReport {
         requests: outcomes.len() as u64,
         hit_rate: ratio(cached, prompt),
-        ttft_p50_s: percentile(&ttfts, 50.0),
-        ttft_p95_s: percentile(&ttfts, 95.0),
-        ttft_p99_s: percentile(&ttfts, 99.0),
+        ttft_p50_s: ttft_quantile(&ttfts, 0.50),
+        ttft_p95_s: ttft_quantile(&ttfts, 0.95),
+        ttft_p99_s: ttft_quantile(&ttfts, 0.99),
         tpot_mean_s: if tpot_n == 0 { 0.0 } else { tpot_sum / tpot_n as f64 },
         throughput_tok_s: if span > 0.0 { output as f64 / span } else { 0.0 },
         imbalance,
@@ -207,10 +205,10 @@ mod tests {
     #[test]
     fn nearest_rank_percentiles() {
         let values: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&values, 50.0), 50.0);
-        assert_eq!(percentile(&values, 95.0), 95.0);
-        assert_eq!(percentile(&values, 99.0), 99.0);
-        assert_eq!(percentile(&[3.0], 99.0), 3.0);
-        assert_eq!(percentile(&[], 50.0), 0.0);
+        assert_eq!(ttft_quantile(&values, 0.50), 50.0);
+        assert_eq!(ttft_quantile(&values, 0.95), 95.0);
+        assert_eq!(ttft_quantile(&values, 0.99), 99.0);
+        assert_eq!(ttft_quantile(&[3.0], 0.99), 3.0);
+        assert_eq!(ttft_quantile(&[], 0.50), 0.0);
     }
 }

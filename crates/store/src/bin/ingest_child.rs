@@ -11,8 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use fleet_store::{MaintenanceConfig, SampleRow, Store};
-use fleetdeck_api::Signals;
+use fleet_store::{MaintenanceConfig, SampleRow, SampleSignals, Store};
 
 fn main() {
     if let Err(error) = run() {
@@ -56,11 +55,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     url: format!("http://replica-{r}"),
                     model: "m".into(),
                     ts_ms,
-                    signals: Signals {
+                    signals: SampleSignals {
                         queue_depth: Some((batch % 7) as f64),
                         running: Some(r as f64),
                         hit_rate: Some(0.5),
-                        ..Signals::default()
+                        ..SampleSignals::default()
                     },
                     ..SampleRow::default()
                 })

@@ -1,7 +1,6 @@
 //! The audit trail: fleets, policy versions with their routers, pushes, annotations.
 
-use fleet_store::{AnnotationKind, NewAnnotation, NewPolicyVersion, PushOutcome, StoreError};
-use fleetdeck_api::Signals;
+use fleet_store::{AnnotationKind, NewAnnotation, NewPolicyVersion, PushOutcome, SampleSignals, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
 use crate::common::{HOUR_MS, T0, open, sample};
@@ -97,14 +96,14 @@ async fn replicas_keep_their_identity_across_restarts_and_belong_to_fleets(
     options: SqliteConnectOptions,
 ) {
     let store = open(options.clone()).await;
-    store.insert_samples(&[sample(0, T0, Signals::default())]).await.unwrap();
+    store.insert_samples(&[sample(0, T0, SampleSignals::default())]).await.unwrap();
     store.create_fleet("eu", T0).await.unwrap();
     store.assign_replica("http://replica-0", "m", "eu", T0).await.unwrap();
     store.close().await;
     // A new process (fresh id cache) sees the same replica; a new model is a new replica.
     let store = open(options).await;
-    store.insert_samples(&[sample(0, T0 + 1000, Signals::default())]).await.unwrap();
-    let mut other_model = sample(0, T0 + 1000, Signals::default());
+    store.insert_samples(&[sample(0, T0 + 1000, SampleSignals::default())]).await.unwrap();
+    let mut other_model = sample(0, T0 + 1000, SampleSignals::default());
     other_model.model = "m2".into();
     store.insert_samples(&[other_model]).await.unwrap();
     let replicas: Vec<(String, String, Option<i64>, i64)> = sqlx::query_as(

@@ -1,7 +1,6 @@
 //! Helpers shared by the store's tests: opening fresh databases and making sample rounds.
 
-use fleet_store::{SampleRow, Store};
-use fleetdeck_api::Signals;
+use fleet_store::{SampleRow, SampleSignals, Store};
 use sqlx::sqlite::SqliteConnectOptions;
 
 /// 2025-06-01T00:00:00Z: a fixed "now" so that every test is deterministic.
@@ -14,7 +13,7 @@ pub async fn open(options: SqliteConnectOptions) -> Store {
 }
 
 /// A sample of replica `r` at `ts_ms` with the given signals.
-pub fn sample(r: usize, ts_ms: i64, signals: Signals) -> SampleRow {
+pub fn sample(r: usize, ts_ms: i64, signals: SampleSignals) -> SampleRow {
     SampleRow {
         url: format!("http://replica-{r}"),
         model: "m".into(),

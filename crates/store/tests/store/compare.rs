@@ -2,10 +2,9 @@
 //! from raw samples and from tiers, policy windows, and the JSON and CSV shapes.
 
 use fleet_store::{
-    CompareOptions, Comparison, MaintenanceConfig, NewPolicyVersion, PushOutcome, SampleRow, StoreError,
-    TimeWindow, WindowSpec,
+    CompareOptions, Comparison, MaintenanceConfig, NewPolicyVersion, PushOutcome, SampleRow, SampleSignals,
+    StoreError, TimeWindow, WindowSpec,
 };
-use fleetdeck_api::Signals;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
@@ -31,7 +30,7 @@ fn shifted(r: usize, ts: i64, k: i64) -> SampleRow {
         ..sample(
             r,
             ts,
-            Signals {
+            SampleSignals {
                 hit_rate: Some(if after { 0.6 } else { 0.4 } + noise),
                 ttft_p50_s: Some(0.3 + noise),
                 ttft_p95_s: Some(if after { 0.8 } else { 1.0 } + noise),
@@ -154,7 +153,11 @@ async fn missing_signals_stay_missing_and_empty_windows_have_no_numbers(
     let store = open(options).await;
     // Engines that report no throughput and no TTFT (no traffic), only queue and hit rate.
     fill(&store, 2, T0, T0 + HOUR_MS, 5000, |r, ts, _| {
-        sample(r, ts, Signals { queue_depth: Some(0.0), hit_rate: Some(0.5), ..Signals::default() })
+        sample(
+            r,
+            ts,
+            SampleSignals { queue_depth: Some(0.0), hit_rate: Some(0.5), ..SampleSignals::default() },
+        )
     })
     .await;
     let c = store

@@ -1,7 +1,6 @@
 //! Downsampling into the 10 s and 1 min tiers, retention, and maintenance beside ingestion.
 
-use fleet_store::{MaintenanceConfig, Retention, SampleRow, Tier};
-use fleetdeck_api::Signals;
+use fleet_store::{MaintenanceConfig, Retention, SampleRow, SampleSignals, Tier};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
 use crate::common::{DAY_MS, HOUR_MS, T0, count, fill, open, sample};
@@ -15,9 +14,14 @@ fn no_grace() -> MaintenanceConfig {
 fn two_replicas(r: usize, ts: i64, _k: i64) -> SampleRow {
     let second = ((ts - T0) / 1000 % 60) as f64;
     let signals = if r == 0 {
-        Signals { queue_depth: Some(second), running: Some(1.0), hit_rate: Some(0.5), ..Signals::default() }
+        SampleSignals {
+            queue_depth: Some(second),
+            running: Some(1.0),
+            hit_rate: Some(0.5),
+            ..SampleSignals::default()
+        }
     } else {
-        Signals { queue_depth: Some(10.0), running: Some(1.0), ..Signals::default() }
+        SampleSignals { queue_depth: Some(10.0), running: Some(1.0), ..SampleSignals::default() }
     };
     sample(r, ts, signals)
 }
