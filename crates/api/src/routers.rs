@@ -35,6 +35,26 @@ pub struct RouterSource {
     pub requests_total: Option<f64>,
     #[serde(default)]
     pub errors_total: Option<f64>,
+    /// How well a fleet-router's KV index predicts the engines' cached tokens (`/admin/state`'s
+    /// `index_accuracy`); `None` for a router that does not report it (third-party, or older).
+    #[serde(default)]
+    pub index_accuracy: Option<IndexAccuracy>,
+}
+
+/// A fleet-router's index accuracy since it started: of the requests whose cached tokens its index
+/// predicted and the engine then reported, how many were predicted within one KV block.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct IndexAccuracy {
+    pub predictions: u64,
+    pub within_block: u64,
+}
+
+impl IndexAccuracy {
+    /// `within_block / predictions`, `None` before the first prediction.
+    pub fn share(&self) -> Option<f64> {
+        (self.predictions > 0)
+            .then(|| self.within_block.min(self.predictions) as f64 / self.predictions as f64)
+    }
 }
 
 /// One worker of a third-party router, as it lists it.
@@ -147,6 +167,20 @@ pub struct DecisionEntry {
     /// Why no replica served the request (its client got a 502); `None` when one did.
     #[serde(default)]
     pub error: Option<String>,
+    /// The cached tokens fleet-router's index predicted for the replica that served it, and the engine's
+    /// own count once it reported one; `None` when no prediction was made.
+    #[serde(default)]
+    pub cached_tokens: Option<CachedTokens>,
+}
+
+/// A request's cached tokens, predicted by the router's index and reported by the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CachedTokens {
+    pub predicted: u32,
+    /// `None` until the engine's answer reported its count.
+    pub engine: Option<u32>,
+    /// Whether the prediction was within one KV block of the engine's count.
+    pub within_block: Option<bool>,
 }
 
 /// One replica as the pick saw it.

@@ -3,18 +3,21 @@
 //! vLLM (`vllm/distributed/kv_events.py`, `ZmqEventPublisher`) publishes on a ZMQ PUB socket
 //! multipart messages `[topic, seq, payload]`: `seq` is an 8-byte big-endian counter starting
 //! at 0, `payload` a msgpack `KVEventBatch` `[ts, events, data_parallel_rank]`. Events are
-//! `BlockStored`, `BlockRemoved` and `AllBlocksCleared`, msgspec tagged structs. vLLM has used
-//! two encodings of the same structs, and both are read here ([`decode_batch`]):
+//! `BlockStored`, `BlockRemoved` and `AllBlocksCleared`, msgspec tagged structs. Three encodings of the
+//! same structs are written ([`encode_batch`]) and all are read ([`decode_batch`]):
 //!
-//! - [`Encoding::Array`] (msgspec `array_like=True`, older vLLM): a batch is `[ts, events, rank]`
-//!   and an event is `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-//!   lora_id, medium]` (trailing fields may be missing, extra trailing fields are ignored).
-//! - [`Encoding::Map`] (current vLLM): a batch is `{"ts", "events", "data_parallel_rank"}` and
-//!   an event a map with a `"type"` tag (`{"type": "BlockStored", "block_hashes": ...}`);
-//!   unknown keys (vLLM keeps adding some: `lora_name`, `extra_keys`, `group_idx`) are ignored.
+//! - [`Encoding::Vllm`] (the default; vLLM 0.32, recorded from a real server in
+//!   `tests/fixtures/vllm-0.32/`): the batch is msgspec `array_like`, `[ts, events, rank]`, and each event
+//!   a map with a `"type"` tag (`{"type": "BlockStored", "block_hashes": ...}`); unknown keys (vLLM keeps
+//!   adding some: `lora_name`, `extra_keys`, `group_idx`, `kv_cache_spec_kind`) are ignored.
+//! - [`Encoding::Array`] (msgspec `array_like=True` on the events too, older vLLM): an event is
+//!   `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]`
+//!   (trailing fields may be missing, extra trailing fields are ignored).
+//! - [`Encoding::Map`]: the batch a map too, `{"ts", "events", "data_parallel_rank"}` (fleet-sim's default
+//!   before it was checked against vLLM 0.32; kept for subscribers written against it).
 //!
-//! Block hashes are ints (Python ints: fleet-sim's chained u64 hashes, or older vLLM's
-//! signed `hash()` values) or bytes (current vLLM's sha256 digests): see [`BlockHash`].
+//! Block hashes are ints (vLLM 0.32's 64-bit ints, up to 2^64-1; fleet-sim's chained u64 hashes; older
+//! vLLM's signed `hash()` values) or bytes (sha256 digests, as some vLLM versions sent): see [`BlockHash`].
 //!
 //! A ROUTER "replay" socket next to the PUB socket serves missed batches: a client (REQ)
 //! sends the first sequence number it wants as 8 big-endian bytes; the publisher answers
@@ -46,7 +49,7 @@ pub enum WireError {
 pub enum BlockHash {
     /// A msgpack integer; msgpack integers span `-2^63 ..= 2^64-1`, hence `i128`.
     Int(i128),
-    /// A msgpack bin (current vLLM: a digest, typically 32 bytes of sha256).
+    /// A msgpack bin (a digest, typically 32 bytes of sha256, as some vLLM versions sent; 0.32 sends ints).
     Bytes(Vec<u8>),
 }
 
@@ -125,14 +128,37 @@ pub struct EventBatch {
     pub data_parallel_rank: Option<i64>,
 }
 
-/// Which of vLLM's two msgpack encodings to write.
+/// Which msgpack encoding of a batch to write (see the crate docs); [`decode_batch`] reads all three.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Encoding {
-    /// msgspec `array_like=True`: positional arrays with the tag first (older vLLM).
-    Array,
-    /// msgspec maps with a `"type"` tag (current vLLM).
+    /// What vLLM 0.32 sends: the batch a positional array `[ts, events, rank]`, each event a map with a
+    /// `"type"` tag.
     #[default]
+    Vllm,
+    /// Positional arrays throughout, each event's tag first (older vLLM, msgspec `array_like` events).
+    Array,
+    /// Maps throughout: the batch `{"ts", "events", "data_parallel_rank"}`, events tagged by `"type"`.
     Map,
+}
+
+impl Encoding {
+    /// Every encoding, as the command line names them.
+    pub const ALL: [Encoding; 3] = [Encoding::Vllm, Encoding::Array, Encoding::Map];
+
+    /// The name [`std::str::FromStr`] takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Vllm => "vllm",
+            Encoding::Array => "array",
+            Encoding::Map => "map",
+        }
+    }
+}
+
+impl std::fmt::Display for Encoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl std::str::FromStr for Encoding {
@@ -140,9 +166,10 @@ impl std::str::FromStr for Encoding {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
+            "vllm" => Ok(Encoding::Vllm),
             "array" => Ok(Encoding::Array),
             "map" => Ok(Encoding::Map),
-            other => Err(format!("unknown KV event encoding {other:?}; use `array` or `map`")),
+            other => Err(format!("unknown KV event encoding {other:?}; use `vllm`, `array` or `map`")),
         }
     }
 }
@@ -154,7 +181,7 @@ pub fn encode_batch(batch: &EventBatch, encoding: Encoding) -> Vec<u8> {
     rmp_serde::to_vec(&value).unwrap_or_default()
 }
 
-/// Decodes a msgpack `KVEventBatch` in either encoding (see the crate docs).
+/// Decodes a msgpack `KVEventBatch` in any of the encodings (see the crate docs).
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, WireError> {
     let value: Value = rmp_serde::from_slice(payload).map_err(|e| WireError::Msgpack(e.to_string()))?;
     batch_from_value(value)
@@ -261,7 +288,7 @@ pub mod replay {
 }
 
 // ---------------------------------------------------------------------------------------
-// A msgpack value tree: decoding goes bytes -> Value -> typed, so that both encodings and
+// A msgpack value tree: decoding goes bytes -> Value -> typed, so that every encoding and
 // every error are handled in plain Rust, with a message naming the offending part.
 
 #[derive(Debug, Clone, PartialEq)]
@@ -416,7 +443,7 @@ fn event_to_value(event: &KvEvent, encoding: Encoding) -> Value {
         Encoding::Array => {
             Value::Array(std::iter::once(tag).chain(fields.into_iter().map(|(_, v)| v)).collect())
         }
-        Encoding::Map => Value::Map(
+        Encoding::Vllm | Encoding::Map => Value::Map(
             std::iter::once((Value::Str("type".into()), tag))
                 .chain(fields.into_iter().map(|(k, v)| (Value::Str(k.into()), v)))
                 .collect(),
@@ -428,7 +455,7 @@ fn batch_to_value(batch: &EventBatch, encoding: Encoding) -> Value {
     let events = Value::Array(batch.events.iter().map(|e| event_to_value(e, encoding)).collect());
     let rank = batch.data_parallel_rank.map_or(Value::Nil, |r| Value::Int(i128::from(r)));
     match encoding {
-        Encoding::Array => {
+        Encoding::Vllm | Encoding::Array => {
             let mut items = vec![Value::Float(batch.ts), events];
             // msgspec's omit_defaults drops a trailing field equal to its default (None).
             if batch.data_parallel_rank.is_some() {
@@ -630,8 +657,9 @@ mod tests {
     }
 
     #[test]
-    fn both_encodings_round_trip() {
-        for encoding in [Encoding::Array, Encoding::Map] {
+    fn every_encoding_round_trips() {
+        for encoding in Encoding::ALL {
+            assert_eq!(encoding.name().parse::<Encoding>(), Ok(encoding));
             let bytes = encode_batch(&sample(), encoding);
             assert_eq!(decode_batch(&bytes).unwrap(), sample(), "{encoding:?}");
         }
@@ -648,6 +676,23 @@ mod tests {
         expected.extend_from_slice(b"AllBlocksCleared");
         expected.push(0x00);
         assert_eq!(encode_batch(&batch, Encoding::Array), expected);
+    }
+
+    #[test]
+    fn vllm_encoding_is_an_array_batch_of_tagged_map_events() {
+        assert_eq!(Encoding::default(), Encoding::Vllm);
+        let batch =
+            EventBatch { ts: 1.5, events: vec![KvEvent::AllBlocksCleared], data_parallel_rank: Some(0) };
+        // fixarray(3), float64 1.5, fixarray(1) [fixmap(1) {"type": "AllBlocksCleared"}], 0
+        let mut expected = vec![0x93, 0xcb];
+        expected.extend_from_slice(&1.5f64.to_be_bytes());
+        expected.extend_from_slice(&[0x91, 0x81, 0xa4]);
+        expected.extend_from_slice(b"type");
+        expected.push(0xb0);
+        expected.extend_from_slice(b"AllBlocksCleared");
+        expected.push(0x00);
+        assert_eq!(encode_batch(&batch, Encoding::Vllm), expected);
+        assert!("json".parse::<Encoding>().unwrap_err().contains("`vllm`, `array` or `map`"));
     }
 
     #[test]

@@ -275,6 +275,8 @@ pub struct RouterConfig {
     pub kv_events_port_offset: Option<u16>,
     /// Hugging Face `tokenizer.json` for token-exact blocks (needs the `tokenizer` feature).
     pub tokenizer: Option<PathBuf>,
+    /// The model's Jinja chat template, when not the one in `tokenizer_config.json` beside `tokenizer`.
+    pub chat_template: Option<PathBuf>,
     /// Seed of the policy's random draws (random, power_of_two, sampled kv_precise).
     pub seed: u64,
     /// Serve HTTPS instead of HTTP.
@@ -305,6 +307,7 @@ impl Default for RouterConfig {
             heat_window: Duration::from_secs(300),
             kv_events_port_offset: None,
             tokenizer: None,
+            chat_template: None,
             seed: 0x5EED,
             tls: None,
             policy_etcd: None,
@@ -371,6 +374,12 @@ impl RouterConfig {
             return Err(ConfigError::new(
                 "tokenizer",
                 "this fleet-router was built without the `tokenizer` feature; rebuild with --features tokenizer",
+            ));
+        }
+        if self.chat_template.is_some() && self.tokenizer.is_none() {
+            return Err(ConfigError::new(
+                "chat_template",
+                "a chat template needs --tokenizer: the rendered chat is tokenised with the model's tokenizer",
             ));
         }
         if let Some(source) = &self.policy_etcd {

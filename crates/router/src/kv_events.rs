@@ -9,10 +9,19 @@
 //!
 //! Sequence numbers must rise by one. On a gap the subscriber asks the replica's replay socket (when
 //! configured) for the missed batches, vLLM's protocol: send the first missing seq, read `[seq, payload]`
-//! replies until the end marker. If there is no replay socket, the replay fails, or the sequence goes
-//! backwards (the publisher restarted), it resyncs: it clears everything indexed for that replica and its
-//! translator and continues from the next batch. A resync loses cache knowledge, never correctness: the
-//! index only ever under-reports what a replica holds until new events arrive.
+//! replies until the end marker. If there is no replay socket, the replay fails, the sequence goes
+//! backwards (the publisher restarted: vLLM counts from 0 again), or the publisher's connection drops (its
+//! process died or restarted, and events will be missed), it resyncs: it clears everything indexed for that
+//! replica and its translator and continues from the next batch. A resync loses cache knowledge, never
+//! correctness: the index only ever under-reports what a replica holds until new events arrive. Clearing
+//! on the dropped connection matters for restarts: the restarted engine's cache is empty, and the index
+//! is cleared before the first request reaches it, not when its first events arrive.
+//!
+//! vLLM's own block hashes (SHA-256 of a pickle of the parent hash, the block's tokens and extra keys, its
+//! first parent seeded from `PYTHONHASHSEED` or a constant, or xxHash with a random per-process seed; cut to
+//! 64 bits) are not reproduced: they depend on the engine's `--prefix-caching-hash-algo` and process. The
+//! token ids its `BlockStored` events carry are hashed into the router's own scheme instead, so the index
+//! holds the keys the router computes for a prompt whatever the engine's hash.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,7 +29,8 @@ use std::time::Duration;
 
 use fleet_kv_events::{BlockHash, EventBatch, KvEvent as WireEvent, decode_batch, decode_published, replay};
 use fleet_policy::{EngineHashTranslator, KvEvent, Medium};
-use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+use futures_util::StreamExt;
+use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::state::{Replica, RouterState, lock};
 
@@ -60,9 +70,10 @@ pub enum SeqCheck {
         /// First missed seq.
         from: u64,
     },
-    /// Already applied (a duplicate), skip it.
+    /// The batch just applied, again: skip it.
     Duplicate,
-    /// The sequence went backwards by more than a duplicate: the publisher restarted.
+    /// The sequence went backwards further: the publisher restarted (a restarted publisher counts from 0
+    /// again, and the first batches may be gone before the subscription reconnects).
     Restarted,
 }
 
@@ -72,9 +83,8 @@ pub fn check_seq(expected: Option<u64>, seq: u64) -> SeqCheck {
         None => SeqCheck::InOrder,
         Some(expected) if seq == expected => SeqCheck::InOrder,
         Some(expected) if seq > expected => SeqCheck::Gap { from: expected },
-        // A publisher that restarts starts again from 0.
-        Some(_) if seq == 0 => SeqCheck::Restarted,
-        Some(_) => SeqCheck::Duplicate,
+        Some(expected) if seq + 1 == expected => SeqCheck::Duplicate,
+        Some(_) => SeqCheck::Restarted,
     }
 }
 
@@ -99,17 +109,30 @@ impl Subscriber {
             if !matches!(connected, Ok(Ok(()))) || socket.subscribe("").await.is_err() {
                 tracing::debug!(replica = %self.replica.spec.url, endpoint, "KV event endpoint not reachable yet");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                // Capped low: a restarted engine publishes only a second or two before it serves, and events
+                // published before the subscription are missed.
+                backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             }
             backoff = Duration::from_millis(100);
             tracing::info!(replica = %self.replica.spec.url, endpoint, "subscribed to KV events");
+            let mut monitor = socket.monitor();
             loop {
-                match socket.recv().await {
-                    Ok(message) => self.on_message(&message).await,
-                    Err(error) => {
-                        tracing::warn!(replica = %self.replica.spec.url, %error, "KV event stream failed; reconnecting");
-                        break;
+                tokio::select! {
+                    received = socket.recv() => match received {
+                        Ok(message) => self.on_message(&message).await,
+                        Err(error) => {
+                            tracing::warn!(replica = %self.replica.spec.url, %error, "KV event stream failed; reconnecting");
+                            self.lost_publisher();
+                            break;
+                        }
+                    },
+                    Some(event) = monitor.next() => {
+                        if let SocketEvent::Disconnected(_) = event {
+                            tracing::info!(replica = %self.replica.spec.url, "KV event publisher disconnected (engine stopped or restarted); index cleared, reconnecting");
+                            self.lost_publisher();
+                            break;
+                        }
                     }
                 }
             }
@@ -160,6 +183,12 @@ impl Subscriber {
             expected += 1;
         }
         expected == until
+    }
+
+    /// The publisher went away: events will be missed, and a restarted engine starts with an empty cache.
+    fn lost_publisher(&mut self) {
+        self.resync();
+        self.next_seq = None;
     }
 
     /// Forgets everything indexed for this replica (after events were lost).
@@ -252,7 +281,8 @@ mod tests {
         assert_eq!(check_seq(None, 7), SeqCheck::InOrder);
         assert_eq!(check_seq(Some(7), 7), SeqCheck::InOrder);
         assert_eq!(check_seq(Some(7), 9), SeqCheck::Gap { from: 7 });
-        assert_eq!(check_seq(Some(7), 5), SeqCheck::Duplicate);
+        assert_eq!(check_seq(Some(7), 6), SeqCheck::Duplicate);
+        assert_eq!(check_seq(Some(7), 5), SeqCheck::Restarted);
         assert_eq!(check_seq(Some(7), 0), SeqCheck::Restarted);
         assert_eq!(medium(Some("GPU")), Medium::Gpu);
         assert_eq!(medium(Some("CPU")), Medium::Cpu);

@@ -29,6 +29,8 @@
 //! [`RouterState`] and the server task, for callers that want to look inside.
 
 pub mod admin;
+#[cfg(feature = "tokenizer")]
+pub mod chat_template;
 pub mod config;
 pub mod etcd_policy;
 pub mod handshake;
@@ -80,7 +82,7 @@ pub async fn start(
 ) -> anyhow::Result<(Arc<RouterState>, JoinHandle<anyhow::Result<()>>)> {
     config.validate()?;
     let specs = config.replica_specs()?;
-    let tokenizer = load_tokenizer(config.tokenizer.as_deref())?;
+    let tokenizer = load_tokenizer(config.tokenizer.as_deref(), config.chat_template.as_deref())?;
     let state = RouterState::new(config, tokenizer)?;
     for spec in specs {
         state.add_replica(spec).await.map_err(|error| anyhow::anyhow!("{error}"))?;
@@ -134,15 +136,20 @@ pub async fn start(
     Ok((state, server))
 }
 
-/// Loads a Hugging Face `tokenizer.json` (build feature `tokenizer`); `None` without a path.
-pub fn load_tokenizer(path: Option<&std::path::Path>) -> anyhow::Result<Option<Arc<dyn Tokenize>>> {
+/// Loads a Hugging Face `tokenizer.json` (build feature `tokenizer`) with the model's chat template
+/// (`chat_template`, else the one beside the tokenizer); `None` without a path.
+pub fn load_tokenizer(
+    path: Option<&std::path::Path>,
+    chat_template: Option<&std::path::Path>,
+) -> anyhow::Result<Option<Arc<dyn Tokenize>>> {
     let Some(path) = path else { return Ok(None) };
     #[cfg(feature = "tokenizer")]
     {
-        Ok(Some(Arc::new(routing_key::HfTokenizer::from_file(path)?)))
+        Ok(Some(Arc::new(routing_key::HfTokenizer::from_file(path, chat_template)?)))
     }
     #[cfg(not(feature = "tokenizer"))]
     {
+        let _ = chat_template;
         anyhow::bail!(
             "cannot use --tokenizer {}: this fleet-router was built without the `tokenizer` feature; rebuild with --features tokenizer",
             path.display()

@@ -58,6 +58,10 @@ struct Cli {
     /// Hugging Face tokenizer.json for token-exact prompt blocks (needs the `tokenizer` build feature).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// The model's Jinja chat template (default: tokenizer_config.json's, beside --tokenizer), so chats are
+    /// tokenised as the engine renders them.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
     /// Replicas without kv= publish KV events on their HTTP port plus this offset (vLLM --kv-events-config).
     #[arg(long)]
     kv_events_port_offset: Option<u16>,
@@ -188,6 +192,7 @@ async fn run(cli: Cli) -> Result<()> {
         },
         kv_events_port_offset: cli.kv_events_port_offset,
         tokenizer: cli.tokenizer.clone(),
+        chat_template: cli.chat_template.clone(),
         tls: cli
             .tls_cert
             .clone()

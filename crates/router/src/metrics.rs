@@ -4,7 +4,8 @@
 //! (histogram), `policy_version`, `policy_info{policy}`, `decisions_total{branch}`, `prompt_blocks_total`,
 //! `matched_blocks_total`, `estimated_hit_rate`, `retries_total`, `stream_errors_total`,
 //! `replica_healthy{replica}`, `replica_outstanding{replica}`, `policy_swaps_total`, `kv_events_total{replica}`,
-//! `kv_resyncs_total{replica}`, `upstream_idle_connections{replica}`, `upstream_first_byte_seconds{replica}`
+//! `kv_resyncs_total{replica}`, `index_predictions_total`, `index_predictions_within_block_total`,
+//! `upstream_idle_connections{replica}`, `upstream_first_byte_seconds{replica}`
 //! (histogram), `recorded_requests_total`.
 
 use std::collections::BTreeMap;
@@ -154,6 +155,10 @@ pub struct Metrics {
     pub stream_errors: AtomicU64,
     /// Policy versions applied after the first.
     pub policy_swaps: AtomicU64,
+    /// Requests whose cached tokens the index predicted and the engine reported.
+    pub predictions: AtomicU64,
+    /// Of those, predicted within one block of the engine's count.
+    pub predictions_within_block: AtomicU64,
     /// Clients refused by the router itself, by [`Refusal`].
     refusals: [AtomicU64; Refusal::ALL.len()],
 }
@@ -217,6 +222,8 @@ impl Default for Metrics {
             retries: AtomicU64::new(0),
             stream_errors: AtomicU64::new(0),
             policy_swaps: AtomicU64::new(0),
+            predictions: AtomicU64::new(0),
+            predictions_within_block: AtomicU64::new(0),
             refusals: Default::default(),
         }
     }
@@ -243,6 +250,14 @@ impl Metrics {
     /// Clients refused for `why` since start.
     pub fn refusals(&self, why: Refusal) -> u64 {
         self.refusals[why as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts one request whose predicted cached tokens met the engine's count: `within` one block or not.
+    pub fn count_prediction(&self, within: bool) {
+        self.predictions.fetch_add(1, Ordering::Relaxed);
+        if within {
+            self.predictions_within_block.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts one pick: its latency, branch and estimated hit.
@@ -319,6 +334,23 @@ impl Metrics {
             "counter",
             "Policy versions applied since start.",
             swaps,
+        );
+        // The index's accuracy: predicted cached tokens against the engine's own count, per request.
+        let predictions = self.predictions.load(Ordering::Relaxed);
+        let within = self.predictions_within_block.load(Ordering::Relaxed);
+        scalar(
+            &mut out,
+            "fleet_router_index_predictions_total",
+            "counter",
+            "Requests whose cached tokens the index predicted (token blocks, served by the pick) and the engine reported.",
+            predictions,
+        );
+        scalar(
+            &mut out,
+            "fleet_router_index_predictions_within_block_total",
+            "counter",
+            "Of those, predicted within one block of the engine's count (index accuracy = this / predictions).",
+            within,
         );
         family(
             &mut out,

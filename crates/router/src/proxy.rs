@@ -27,7 +27,7 @@ use serde_json::json;
 
 use crate::metrics::{Refusal, branch_label};
 use crate::routing_key::{Route, routing_input, session_hash};
-use crate::state::{DecisionRecord, FleetView, Group, Replica, RouterState, lock, unix_ms};
+use crate::state::{CachePrediction, DecisionRecord, FleetView, Group, Replica, RouterState, lock, unix_ms};
 use crate::upstream::TimedBody;
 
 // Header names are built at compile time: inserting by `&str` would parse and allocate per request.
@@ -182,6 +182,7 @@ pub async fn forward(
         replica: None,
         view: input.view,
         in_engine: true,
+        prediction: None,
     };
     let mut tried: Vec<ReplicaId> = Vec::new();
     let mut current = decision.replica;
@@ -219,6 +220,16 @@ pub async fn forward(
                     Some(first_byte_ms),
                 );
                 let branch = decision.branch;
+                // The index's prediction of the engine's cached tokens, when the pick served it.
+                if input.token_exact && tried.len() == 1 {
+                    ticket.prediction =
+                        decision.chosen().and_then(|chosen| chosen.matched_blocks).map(|blocks| {
+                            Arc::new(CachePrediction::new(
+                                blocks.saturating_mul(input.block_tokens),
+                                input.block_tokens,
+                            ))
+                        });
+                }
                 state.remember_decision(
                     DecisionRecord {
                         ts_ms: arrival_ms,
@@ -231,6 +242,7 @@ pub async fn forward(
                         decision,
                         attempts: attempts_urls,
                         error: None,
+                        cached_tokens: ticket.prediction.clone(),
                     },
                     first_block,
                     replica.id,
@@ -290,6 +302,7 @@ pub async fn forward(
             decision,
             attempts: tried_urls,
             error: Some(message.clone()),
+            cached_tokens: None,
         },
         None,
         current,
@@ -431,6 +444,8 @@ struct Ticket {
     replica: Option<Arc<Replica>>,
     view: RequestView,
     in_engine: bool,
+    /// The index's prediction of the engine's cached tokens, checked when the answer reports them.
+    prediction: Option<Arc<CachePrediction>>,
 }
 
 impl Ticket {
@@ -577,6 +592,9 @@ impl Drop for Finish {
         let mut trace = std::mem::take(&mut self.trace);
         trace.output_length = self.usage.output_tokens();
         trace.cached_tokens = self.usage.cached_tokens;
+        if let (Some(prediction), Some(engine)) = (&self.ticket.prediction, self.usage.cached_tokens) {
+            state.metrics.count_prediction(prediction.report(engine));
+        }
         trace.status = Some(status);
         if (400..500).contains(&status) {
             // The replica refused the prompt (too long, malformed): it cached nothing of it, and its hashes

@@ -6,8 +6,11 @@
 //! leading bytes. `/v1/completions` prompts are used as given (a list of prompts is joined with `\n`; token
 //! prompts are used as tokens). Without a tokenizer the bytes are cut into fleet-policy's byte chunks
 //! (`block_hashes_from_text`, `chunk_bytes` per block); with one, the rendered text is tokenized and cut into
-//! token-exact blocks (`block_hashes_from_tokens`). Token-exact blocks match an engine's own blocks for
-//! completion prompts; for chat they match only when the engine's chat template renders like ours.
+//! token-exact blocks (`block_hashes_from_tokens`). A tokenizer that comes with the model's chat template
+//! (`chat_template.rs`) renders chats with it instead of canonically, and tokenizes the result without adding
+//! special tokens (the template writes them); completion prompts are tokenized with them (a BOS), as vLLM
+//! does by default (a request's `add_special_tokens` overrides both). Then the blocks are the engine's
+//! blocks for chats as well as completions.
 //!
 //! Two readers of the body: a fast one that borrows the body's strings (serde structs over `Cow<str>`)
 //! and takes the shapes nearly every request has, and a thorough one over `serde_json::Value`s that
@@ -22,34 +25,73 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::Value;
 
-/// Turns text into token ids (a Hugging Face tokenizer, or anything else that tokenizes).
+/// Turns text into token ids (a Hugging Face tokenizer, or anything else that tokenizes), and chats into
+/// text when it knows the model's chat template.
 pub trait Tokenize: Send + Sync + std::fmt::Debug {
-    /// Token ids of `text` (no special tokens added).
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String>;
+    /// Token ids of `text`; `add_special_tokens` adds what the tokenizer adds around a prompt (a BOS).
+    fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String>;
+
+    /// Whether [`Tokenize::render_chat`] renders with the model's template.
+    fn has_chat_template(&self) -> bool {
+        false
+    }
+
+    /// The chat of a `/v1/chat/completions` body rendered with the model's chat template.
+    fn render_chat(&self, _request: &Value) -> Result<String, String> {
+        Err("no chat template".to_owned())
+    }
 }
 
-/// A Hugging Face `tokenizer.json` (build feature `tokenizer`).
+/// A Hugging Face `tokenizer.json` (build feature `tokenizer`), with the model's chat template when it has one.
 #[cfg(feature = "tokenizer")]
 #[derive(Debug)]
-pub struct HfTokenizer(tokenizers::Tokenizer);
+pub struct HfTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    template: Option<crate::chat_template::ChatTemplate>,
+}
 
 #[cfg(feature = "tokenizer")]
 impl HfTokenizer {
-    /// Loads `tokenizer.json`.
-    pub fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
+    /// Loads `tokenizer.json`, and the chat template: `chat_template` when given, else the one beside it
+    /// (`tokenizer_config.json`, `chat_template.jinja`), else none (chats are then rendered canonically).
+    pub fn from_file(
+        path: &std::path::Path,
+        chat_template: Option<&std::path::Path>,
+    ) -> anyhow::Result<Self> {
         let tokenizer = tokenizers::Tokenizer::from_file(path)
             .map_err(|error| anyhow::anyhow!("cannot load --tokenizer {}: {error}", path.display()))?;
-        Ok(Self(tokenizer))
+        let template = crate::chat_template::ChatTemplate::for_tokenizer(path, chat_template)?;
+        match &template {
+            Some(template) => {
+                tracing::info!(source = %template.source_name, "chats rendered with the model's chat template")
+            }
+            None => tracing::warn!(
+                tokenizer = %path.display(),
+                "no chat template beside the tokenizer and no --chat-template: chats are rendered canonically, so their blocks will not match the engine's"
+            ),
+        }
+        Ok(Self { tokenizer, template })
     }
 }
 
 #[cfg(feature = "tokenizer")]
 impl Tokenize for HfTokenizer {
-    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
-        self.0
-            .encode(text, false)
+    fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+        self.tokenizer
+            .encode(text, add_special_tokens)
             .map(|encoding| encoding.get_ids().to_vec())
             .map_err(|error| error.to_string())
+    }
+
+    fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    fn render_chat(&self, request: &Value) -> Result<String, String> {
+        match &self.template {
+            Some(template) => template.render(request),
+            None => Err("no chat template".to_owned()),
+        }
     }
 }
 
@@ -72,6 +114,9 @@ pub enum KeyError {
     /// The tokenizer failed.
     #[error("the tokenizer could not tokenize the prompt: {0}")]
     Tokenizer(String),
+    /// The model's chat template refused the chat (its own `raise_exception`, or a shape it cannot render).
+    #[error("the model's chat template cannot render these messages: {0}")]
+    ChatTemplate(String),
 }
 
 /// The parts of a request the router routes and records by.
@@ -85,6 +130,9 @@ pub struct RoutingInput {
     pub stream: bool,
     /// Tokens per block of `view.block_hashes`, as recorded in traces (bytes/4 for byte chunks).
     pub block_tokens: u32,
+    /// Whether the blocks are token blocks (a tokenizer, or a token prompt), not byte chunks: only then
+    /// can the index's matched blocks predict an engine's cached tokens.
+    pub token_exact: bool,
 }
 
 /// Which OpenAI route the body came to.
@@ -102,6 +150,8 @@ struct KeyFields<'a> {
     stream: bool,
     prompt: Prompt<'a>,
     user: Option<Cow<'a, str>>,
+    /// Whether to tokenize the prompt with the tokenizer's special tokens (a BOS).
+    add_special_tokens: bool,
 }
 
 /// The prompt as the router keys it.
@@ -118,22 +168,29 @@ pub fn routing_input(
     hashing: HashingParams,
     tokenizer: Option<&dyn Tokenize>,
 ) -> Result<RoutingInput, KeyError> {
-    // The borrowing reader takes the common shapes; anything else (or anything wrong) is read again as
-    // JSON values, which take every shape the API allows and name what is wrong.
-    let fields = match read_borrowed(route, body) {
-        Some(fields) => fields,
-        None => read_values(route, body)?,
+    // A chat for a model whose template the router has is read as JSON values and rendered with it.
+    // Otherwise the borrowing reader takes the common shapes; anything else (or anything wrong) is read again
+    // as JSON values, which take every shape the API allows and name what is wrong.
+    let fields = match tokenizer {
+        Some(tokenizer) if route == Route::Chat && tokenizer.has_chat_template() => {
+            read_templated_chat(body, tokenizer)?
+        }
+        _ => match read_borrowed(route, body) {
+            Some(fields) => fields,
+            None => read_values(route, body)?,
+        },
     };
     let session = session_header.map(str::to_owned).or(match fields.user {
         Some(user) if !user.is_empty() => Some(user.into_owned()),
         _ => None,
     });
+    let token_exact = tokenizer.is_some() || matches!(fields.prompt, Prompt::Tokens(_));
     let (view, block_tokens) = match (fields.prompt, tokenizer) {
         (Prompt::Tokens(tokens), _) => {
             (RequestView::from_tokens(&tokens, hashing), hashing.block_tokens as u32)
         }
         (Prompt::Text(text), Some(tokenizer)) => {
-            let tokens = tokenizer.tokenize(&text).map_err(KeyError::Tokenizer)?;
+            let tokens = tokenizer.tokenize(&text, fields.add_special_tokens).map_err(KeyError::Tokenizer)?;
             (RequestView::from_tokens(&tokens, hashing), hashing.block_tokens as u32)
         }
         (Prompt::Text(text), None) => {
@@ -144,7 +201,13 @@ pub fn routing_input(
         Some(key) => view.with_session(key),
         None => view,
     };
-    Ok(RoutingInput { model: fields.model.map(Cow::into_owned), view, stream: fields.stream, block_tokens })
+    Ok(RoutingInput {
+        model: fields.model.map(Cow::into_owned),
+        view,
+        stream: fields.stream,
+        block_tokens,
+        token_exact,
+    })
 }
 
 /// The fast reader: the body's strings are borrowed where they hold no escapes, and only the fields
@@ -154,6 +217,9 @@ pub fn routing_input(
 /// The module's tests check both readers key the same bodies the same.
 fn read_borrowed(route: Route, body: &[u8]) -> Option<KeyFields<'_>> {
     let fields: borrowed::Fields<'_> = serde_json::from_slice(body).ok()?;
+    if fields.add_special_tokens.is_some() {
+        return None;
+    }
     let prompt = match route {
         Route::Chat => Prompt::Text(Cow::Owned(borrowed::render(&fields.messages?, body.len()))),
         Route::Completions => Prompt::Text(fields.prompt.map_or(Cow::Borrowed(""), |text| text.0)),
@@ -163,6 +229,40 @@ fn read_borrowed(route: Route, body: &[u8]) -> Option<KeyFields<'_>> {
         stream: fields.stream == Some(true),
         prompt,
         user: fields.user.map(|user| user.0),
+        add_special_tokens: route == Route::Completions,
+    })
+}
+
+/// A chat rendered with the model's template (the request as JSON values, as the template takes them).
+fn read_templated_chat(body: &[u8], tokenizer: &dyn Tokenize) -> Result<KeyFields<'static>, KeyError> {
+    let request: Value =
+        serde_json::from_slice(body).map_err(|error| KeyError::NotJson(error.to_string()))?;
+    if !matches!(request.get("messages"), Some(Value::Array(_))) {
+        return Err(KeyError::BadField {
+            field: "messages",
+            problem: "must be a list of {\"role\", \"content\"} objects".to_owned(),
+        });
+    }
+    let text = tokenizer.render_chat(&request).map_err(KeyError::ChatTemplate)?;
+    let model = match request.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(model)) => Some(Cow::Owned(model.clone())),
+        Some(other) => {
+            return Err(KeyError::BadField {
+                field: "model",
+                problem: format!("must be a string, got {other}"),
+            });
+        }
+    };
+    Ok(KeyFields {
+        model,
+        stream: request.get("stream") == Some(&Value::Bool(true)),
+        prompt: Prompt::Text(Cow::Owned(text)),
+        user: match request.get("user") {
+            Some(Value::String(user)) => Some(Cow::Owned(user.clone())),
+            _ => None,
+        },
+        add_special_tokens: request.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(false),
     })
 }
 
@@ -181,6 +281,8 @@ fn read_values(route: Route, body: &[u8]) -> Result<KeyFields<'static>, KeyError
         stream: Option<Value>,
         #[serde(default)]
         user: Option<Value>,
+        #[serde(default)]
+        add_special_tokens: Option<Value>,
     }
     let fields: RequestFields =
         serde_json::from_slice(body).map_err(|error| KeyError::NotJson(error.to_string()))?;
@@ -202,7 +304,17 @@ fn read_values(route: Route, body: &[u8]) -> Result<KeyFields<'static>, KeyError
         Some(Value::String(user)) => Some(Cow::Owned(user)),
         _ => None,
     };
-    Ok(KeyFields { model, stream: matches!(fields.stream, Some(Value::Bool(true))), prompt, user })
+    let add_special_tokens = match fields.add_special_tokens {
+        Some(Value::Bool(add)) => add,
+        _ => route == Route::Completions,
+    };
+    Ok(KeyFields {
+        model,
+        stream: matches!(fields.stream, Some(Value::Bool(true))),
+        prompt,
+        user,
+        add_special_tokens,
+    })
 }
 
 /// The canonical rendering of chat messages (see the module docs).
@@ -309,6 +421,9 @@ mod borrowed {
         pub stream: Option<bool>,
         #[serde(default, borrow)]
         pub user: Option<Text<'a>>,
+        /// Present: the thorough reader decides (it is rare).
+        #[serde(default)]
+        pub add_special_tokens: Option<serde::de::IgnoredAny>,
     }
 
     #[derive(Deserialize)]
@@ -618,7 +733,7 @@ mod tests {
     #[derive(Debug)]
     struct WordTokenizer;
     impl Tokenize for WordTokenizer {
-        fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
+        fn tokenize(&self, text: &str, _add_special_tokens: bool) -> Result<Vec<u32>, String> {
             Ok(text.split_whitespace().map(|word| word.len() as u32).collect())
         }
     }
@@ -634,7 +749,7 @@ mod tests {
             Some(&WordTokenizer),
         )
         .unwrap();
-        let tokens = WordTokenizer.tokenize(&"a bb ccc ".repeat(20)).unwrap();
+        let tokens = WordTokenizer.tokenize(&"a bb ccc ".repeat(20), true).unwrap();
         assert_eq!(key.view.block_hashes, token_blocks(&tokens, 16));
         assert_eq!(key.view.prompt_tokens, 60);
     }

@@ -266,11 +266,69 @@ pub struct DecisionRecord {
     /// Why no replica served the request (the client got a 502); absent when one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The cached tokens the index predicted for the replica that served it, and the engine's own count
+    /// once its answer reported one; absent when no prediction was made (see [`CachePrediction`]).
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "shared_prediction")]
+    pub cached_tokens: Option<Arc<CachePrediction>>,
+}
+
+fn shared_prediction<S: serde::Serializer>(
+    prediction: &Option<Arc<CachePrediction>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    prediction.as_deref().serialize(serializer)
+}
+
+/// A request's cached tokens as the router's index predicted them at pick time (the chosen replica's matched
+/// blocks times the block size) and as the engine then reported them (`usage.prompt_tokens_details`).
+/// Made only for token-exact blocks (a tokenizer, or token prompts) served by the replica picked, whose
+/// index has an opinion (`matched_blocks`).
+#[derive(Debug)]
+pub struct CachePrediction {
+    /// Tokens predicted.
+    pub predicted: u32,
+    /// Tokens per block.
+    pub block_tokens: u32,
+    /// What the engine reported; `u64::MAX` until it did.
+    reported: AtomicU64,
+}
+
+impl CachePrediction {
+    /// A prediction of `predicted` tokens in blocks of `block_tokens`.
+    pub fn new(predicted: u32, block_tokens: u32) -> Self {
+        Self { predicted, block_tokens, reported: AtomicU64::new(u64::MAX) }
+    }
+
+    /// Records the engine's count; returns whether the prediction was within one block of it.
+    pub fn report(&self, engine: u32) -> bool {
+        self.reported.store(u64::from(engine), Ordering::Relaxed);
+        self.predicted.abs_diff(engine) <= self.block_tokens
+    }
+
+    /// The engine's count, once reported.
+    pub fn reported(&self) -> Option<u32> {
+        u32::try_from(self.reported.load(Ordering::Relaxed)).ok()
+    }
+}
+
+impl Serialize for CachePrediction {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let engine = self.reported();
+        let mut out = serializer.serialize_struct("CachePrediction", 3)?;
+        out.serialize_field("predicted", &self.predicted)?;
+        out.serialize_field("engine", &engine)?;
+        out.serialize_field(
+            "within_block",
+            &engine.map(|e| self.predicted.abs_diff(e) <= self.block_tokens),
+        )?;
+        out.end()
+    }
 }
 
 impl DecisionRecord {
     /// An upper bound of its size, as JSON and in memory (as [`crate::recording::weight`] is for a trace
-    /// record): fixed fields, 256 bytes a candidate, 6 bytes a byte of text.
+    /// record): fixed fields, 256 bytes a candidate, 6 bytes a byte of text, 128 for a cache prediction.
     pub fn weight(&self) -> usize {
         let decision = &self.decision;
         let text = self.model.as_ref().map_or(0, String::len)
@@ -282,7 +340,8 @@ impl DecisionRecord {
             + decision.candidates.iter().filter_map(|c| c.note.as_ref()).map(String::len).sum::<usize>()
             + self.attempts.iter().map(String::len).sum::<usize>()
             + self.error.as_ref().map_or(0, String::len);
-        384 + 256 * decision.candidates.len() + 6 * text
+        let prediction = self.cached_tokens.as_ref().map_or(0, |_| 128);
+        384 + 256 * decision.candidates.len() + 6 * text + prediction
     }
 }
 
@@ -820,6 +879,10 @@ impl RouterState {
             "replicas": replicas,
             "prefix_groups": prefix_groups,
             "window_s": self.config.heat_window.as_secs(),
+            "index_accuracy": {
+                "predictions": self.metrics.predictions.load(Ordering::Relaxed),
+                "within_block": self.metrics.predictions_within_block.load(Ordering::Relaxed),
+            },
         });
         if let Some(store) = &self.etcd_policy {
             document["policy_store"] = store.state_document();

@@ -26,3 +26,6 @@ mod resilience;
 mod routing;
 #[path = "router/shutdown.rs"]
 mod shutdown;
+#[cfg(feature = "tokenizer")]
+#[path = "router/vllm.rs"]
+mod vllm;

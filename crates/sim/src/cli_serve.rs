@@ -61,8 +61,9 @@ pub struct ServeArgs {
     /// replica i binds PORT+i.
     #[arg(long, value_name = "ENDPOINT")]
     kv_events: Option<KvEndpoint>,
-    /// msgpack encoding of KV event batches: map (current vLLM) or array (older vLLM).
-    #[arg(long, default_value = "map", requires = "kv_events")]
+    /// msgpack encoding of KV event batches: vllm (what vLLM 0.32 sends: an array batch of maps tagged
+    /// "type"), array (older vLLM: arrays throughout) or map (maps throughout).
+    #[arg(long, default_value = "vllm", requires = "kv_events")]
     kv_events_encoding: Encoding,
     /// First port of the replay sockets (replica i: this + i). Default: kv port + replicas.
     #[arg(long, requires = "kv_events")]

@@ -113,6 +113,8 @@ pub(crate) struct Profile {
     pub prefix: Option<(Src, Src)>,
     pub hit_rate_gauge: Option<Src>,
     pub prompt_tokens: Option<Src>,
+    /// Prompt tokens served from a prefix cache instead of computed (a counter of tokens).
+    pub prompt_tokens_cached: Option<Src>,
     pub generation_tokens: Option<Src>,
     pub preemptions: Option<Src>,
     pub ttft: &'static [HistSrc],
@@ -131,6 +133,7 @@ const NONE: Profile = Profile {
     prefix: None,
     hit_rate_gauge: None,
     prompt_tokens: None,
+    prompt_tokens_cached: None,
     generation_tokens: None,
     preemptions: None,
     ttft: &[],
@@ -161,6 +164,8 @@ const VLLM_BASE: Profile = Profile {
     )),
     hit_rate_gauge: Some(Src::Metric("vllm:gpu_prefix_cache_hit_rate")),
     prompt_tokens: Some(Src::Metric("vllm:prompt_tokens_total")),
+    // Local and external cache hits (vLLM 0.32: `prompt_tokens_cached_total`, also by `source`).
+    prompt_tokens_cached: Some(Src::Metric("vllm:prompt_tokens_cached_total")),
     generation_tokens: Some(Src::Metric("vllm:generation_tokens_total")),
     preemptions: Some(Src::Metric("vllm:num_preemptions_total")),
     ttft: &[HistSrc::Buckets { base: "vllm:time_to_first_token_seconds", scale: 1.0 }],
@@ -186,6 +191,7 @@ pub(crate) const SGLANG: Profile = Profile {
     prefix: Some((Src::Metric("sglang:prompt_tokens_total"), Src::Metric("sglang:cached_tokens_total"))),
     hit_rate_gauge: Some(Src::Metric("sglang:cache_hit_rate")),
     prompt_tokens: Some(Src::Metric("sglang:prompt_tokens_total")),
+    prompt_tokens_cached: Some(Src::Metric("sglang:cached_tokens_total")),
     generation_tokens: Some(Src::Metric("sglang:generation_tokens_total")),
     preemptions: Some(Src::Metric("sglang:num_retracted_requests_total")),
     ttft: &[HistSrc::Buckets { base: "sglang:time_to_first_token_seconds", scale: 1.0 }],
@@ -235,6 +241,7 @@ pub(crate) const LLAMACPP: Profile = Profile {
     kv_usage: Some(Src::Metric("llamacpp:kv_cache_usage_ratio")),
     prefix: Some((LLAMACPP_PRESENTED, Src::Metric("llamacpp:prompt_tokens_cached_total"))),
     prompt_tokens: Some(Src::First(&[LLAMACPP_PRESENTED, Src::Metric("llamacpp:prompt_tokens_total")])),
+    prompt_tokens_cached: Some(Src::Metric("llamacpp:prompt_tokens_cached_total")),
     generation_tokens: Some(Src::Metric("llamacpp:tokens_predicted_total")),
     itl: &[HistSrc::SumCount {
         sum: "llamacpp:tokens_predicted_seconds_total",
@@ -292,7 +299,9 @@ pub(crate) const TRITON: Profile = Profile {
 };
 
 // Dynamo: lib/runtime/src/metrics/prometheus_names.rs. The frontend counts requests it holds:
-// `queued_requests` wait for a first response, `inflight_requests` includes them.
+// `queued_requests` wait for a first response, `inflight_requests` includes them. Its per-request
+// histograms of input tokens and of cached tokens (prefix cache hits) give the hit rate in tokens: the
+// increase of `cached_tokens_sum` over that of `input_sequence_tokens_sum`, as SGLang's counters do.
 pub(crate) const DYNAMO_FRONTEND: Profile = Profile {
     engine: Engine::Dynamo,
     flavor: "NVIDIA Dynamo frontend",
@@ -302,7 +311,12 @@ pub(crate) const DYNAMO_FRONTEND: Profile = Profile {
         &Src::Metric("dynamo_frontend_queued_requests"),
     )),
     waiting: Some(Src::Metric("dynamo_frontend_queued_requests")),
+    prefix: Some((
+        Src::Metric("dynamo_frontend_input_sequence_tokens_sum"),
+        Src::Metric("dynamo_frontend_cached_tokens_sum"),
+    )),
     prompt_tokens: Some(Src::Metric("dynamo_frontend_input_sequence_tokens_sum")),
+    prompt_tokens_cached: Some(Src::Metric("dynamo_frontend_cached_tokens_sum")),
     generation_tokens: Some(Src::First(&[
         Src::Metric("dynamo_frontend_output_tokens_total"),
         Src::Metric("dynamo_frontend_output_sequence_tokens_sum"),
@@ -548,6 +562,7 @@ fn values(profile: &Profile, exposition: &Exposition, rank: Option<&str>) -> Val
         prefix_hits,
         hit_rate_gauge: eval(&profile.hit_rate_gauge).map(|r| r.clamp(0.0, 1.0)),
         prompt_tokens: eval(&profile.prompt_tokens),
+        prompt_tokens_cached: eval(&profile.prompt_tokens_cached),
         generation_tokens: eval(&profile.generation_tokens),
         preemptions: eval(&profile.preemptions),
         ttft: histogram(exposition, profile.ttft, rank),
@@ -579,8 +594,14 @@ fn ranks(exposition: &Exposition, profile: &Profile) -> Vec<String> {
 /// The latest `_created` timestamp among the counters the profile reads.
 fn created(exposition: &Exposition, profile: &Profile) -> Option<f64> {
     let mut names = Vec::new();
-    for src in
-        [&profile.prompt_tokens, &profile.generation_tokens, &profile.preemptions].into_iter().flatten()
+    for src in [
+        &profile.prompt_tokens,
+        &profile.prompt_tokens_cached,
+        &profile.generation_tokens,
+        &profile.preemptions,
+    ]
+    .into_iter()
+    .flatten()
     {
         src.names(&mut names);
     }

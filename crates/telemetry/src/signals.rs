@@ -40,6 +40,10 @@ pub struct Values {
     pub hit_rate_gauge: Option<f64>,
     /// Cumulative counters.
     pub prompt_tokens: Option<f64>,
+    /// Prompt tokens served from a prefix cache rather than computed, cumulative (vLLM's
+    /// `prompt_tokens_cached_total`, SGLang's `cached_tokens_total`, llama.cpp's); with
+    /// `prompt_tokens` it gives the prompt tokens the engine computed.
+    pub prompt_tokens_cached: Option<f64>,
     pub generation_tokens: Option<f64>,
     pub preemptions: Option<f64>,
     pub ttft: Option<Histogram>,

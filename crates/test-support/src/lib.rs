@@ -11,6 +11,7 @@ pub mod llamacpp;
 pub mod process;
 pub mod readme;
 pub mod tls;
+pub mod vllm;
 pub mod wait;
 pub mod webdriver;
 

@@ -99,6 +99,9 @@ fn Decision(index: usize, entry: DecisionEntry, selected: RwSignal<usize>) -> im
         let path: Vec<&str> = entry.attempts.iter().map(|url| format::short_url(url)).collect();
         view! { <div class="muted" data-testid="decision-attempts">{format!("tried {}", path.join(" → "))}</div> }
     });
+    let cached = entry.cached_tokens.map(|c| {
+        view! { <div class="muted" data-testid="decision-cached-tokens">{format::cached_tokens(&c)}</div> }
+    });
     let failed = entry.error.clone().map(|error| {
         view! { <div class="decision-error" data-testid="decision-error">{format!("not served (502): {error}")}</div> }
     });
@@ -120,6 +123,7 @@ fn Decision(index: usize, entry: DecisionEntry, selected: RwSignal<usize>) -> im
             </div>
             <div class="decision-reason">{entry.reason.clone()}</div>
             {failed}
+            {cached}
             {tried}
             {notes}
             <table class="replicas candidates" data-testid="candidates">

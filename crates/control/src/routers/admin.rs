@@ -11,7 +11,7 @@ use std::time::Duration;
 use fleet_policy::PolicySpec;
 use fleet_rollout::PushOutcome;
 use fleet_store::secrets::Secret;
-use fleetdeck_api::{Candidate, DecisionEntry};
+use fleetdeck_api::{CachedTokens, Candidate, DecisionEntry};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -61,6 +61,16 @@ pub struct RouterState {
     /// wire).
     #[serde(rename = "policy_store")]
     pub etcd: Option<EtcdWatch>,
+    /// The index's predicted cached tokens against the engines' counts (absent from routers before it).
+    pub index_accuracy: Option<IndexAccuracyCounts>,
+}
+
+/// `index_accuracy` in `/admin/state`: requests predicted, and of those within one block.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct IndexAccuracyCounts {
+    pub predictions: u64,
+    pub within_block: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -160,6 +170,15 @@ struct WireDecisionEntry {
     decision: WireDecision,
     attempts: Vec<String>,
     error: Option<String>,
+    cached_tokens: Option<WireCachedTokens>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(default)]
+struct WireCachedTokens {
+    predicted: u32,
+    engine: Option<u32>,
+    within_block: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -242,6 +261,11 @@ pub fn parse_decisions(
                 notes: w.decision.notes,
                 attempts: w.attempts,
                 error: w.error,
+                cached_tokens: w.cached_tokens.map(|c| CachedTokens {
+                    predicted: c.predicted,
+                    engine: c.engine,
+                    within_block: c.within_block,
+                }),
             }
         })
         .collect())
@@ -627,6 +651,7 @@ mod tests {
              "replicas": [{"id": 0, "requests": 38, "cached_blocks": 12, "hit_share": 0.9}]}
         ],
         "window_s": 60,
+        "index_accuracy": {"predictions": 40, "within_block": 39},
         "something_new": true
     }"#;
 
@@ -642,6 +667,9 @@ mod tests {
         assert!(!state.replicas[1].healthy);
         assert_eq!(state.prefix_groups[0].replicas[0].id, "0");
         assert_eq!(state.urls_by_id()["1"], "http://b:2");
+        assert_eq!(state.index_accuracy, Some(IndexAccuracyCounts { predictions: 40, within_block: 39 }));
+        let older = parse_state(br#"{"policy": {"name": "round_robin", "version": 1}}"#).unwrap();
+        assert_eq!(older.index_accuracy, None, "a router before index accuracy reports none");
         assert!(parse_state(b"[1,2]").is_err());
     }
 
@@ -668,6 +696,17 @@ mod tests {
         assert!(d.candidates[1].chosen && !d.candidates[0].chosen);
         assert_eq!(d.candidates[0].replica, "http://a:1");
         assert!(d.attempts.is_empty() && d.error.is_none(), "served at the first try");
+        assert_eq!(d.cached_tokens, None, "no prediction made");
+        let predicted = body.replacen(
+            r#""policy_version": 3,"#,
+            r#""policy_version": 3, "cached_tokens": {"predicted": 128, "engine": 96, "within_block": true},"#,
+            1,
+        );
+        let decisions = parse_decisions("http://router", predicted.as_bytes(), &urls).unwrap();
+        assert_eq!(
+            decisions[0].cached_tokens,
+            Some(CachedTokens { predicted: 128, engine: Some(96), within_block: Some(true) })
+        );
 
         let failed = r#"[{"ts_ms": 6, "request_id": 9, "replica": "http://b:2", "policy": "round_robin",
             "decision": {"replica": 0, "branch": "round_robin", "reason": "next", "candidates": []},

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use fleet_store::secrets::Secret;
 use fleetdeck_api::{
-    ApiError, DecisionLog, DecisionsArgs, Headroom, HeadroomArgs, HeatMap, HeatMapArgs, PolicyMarker,
-    RouterSource, RouterWorker,
+    ApiError, DecisionLog, DecisionsArgs, Headroom, HeadroomArgs, HeatMap, HeatMapArgs, IndexAccuracy,
+    PolicyMarker, RouterSource, RouterWorker,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -261,6 +261,9 @@ impl Routers {
                     workers: Vec::new(),
                     requests_total: None,
                     errors_total: None,
+                    index_accuracy: e.state.as_ref().and_then(|s| s.index_accuracy).map(|counts| {
+                        IndexAccuracy { predictions: counts.predictions, within_block: counts.within_block }
+                    }),
                 };
                 if let Some(kind) = e.peer_kind {
                     source.kind = kind.name().to_owned();

@@ -1,7 +1,7 @@
 //! The read-only views' commands against a real fleet-router (admin API on, cache-aware policy)
-//! over fleet-sim replicas: heat map and hotspots, decisions with candidates, headroom from the
-//! recorded trace, replica history with policy-change markers, and settings that probe what is
-//! added and keep router tokens in 0600 files.
+//! over fleet-sim replicas: heat map and hotspots, the router's index accuracy, decisions with
+//! candidates, headroom from the recorded trace, replica history with policy-change markers, and
+//! settings that probe what is added and keep router tokens in 0600 files.
 
 use std::time::Duration;
 
@@ -11,8 +11,8 @@ use fleet_test_support::admin_router::spawn_router_with;
 use fleet_test_support::endpoints::garbage_metrics;
 use fleet_test_support::{eventually, spawn_sim};
 use fleetdeck_api::{
-    AddEndpointArgs, DecisionsArgs, EndpointKind, HeadroomArgs, HeatMapArgs, RemoveEndpointArgs,
-    ReplicaHistoryArgs, ScrapeIntervalArgs,
+    AddEndpointArgs, DecisionsArgs, EndpointKind, HeadroomArgs, HeatMapArgs, IndexAccuracy,
+    RemoveEndpointArgs, ReplicaHistoryArgs, ScrapeIntervalArgs,
 };
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use serde_json::json;
@@ -70,6 +70,26 @@ async fn heat_decisions_headroom_and_history_come_from_the_live_router() -> Resu
     .await?;
     assert_eq!(heat.routers[0].error, None, "{:?}", heat.routers);
     assert_eq!(heat.routers[0].policy.as_deref(), Some("cache_aware_approx"));
+    // The router's index accuracy, as its /admin/state says (fleet-sim's text prompts are not
+    // token-exact, so its index predicted nothing: zero predictions, which is not "not reported").
+    let state: serde_json::Value = client
+        .get(format!("{}/admin/state", router.url()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let reported = &state["index_accuracy"];
+    assert_eq!(
+        heat.routers[0].index_accuracy,
+        Some(IndexAccuracy {
+            predictions: reported["predictions"].as_u64().context("predictions")?,
+            within_block: reported["within_block"].as_u64().context("within_block")?,
+        }),
+        "{state}"
+    );
+    assert_eq!(heat.routers[0].index_accuracy.and_then(|a| a.share()), None, "no share before a prediction");
     assert_eq!(heat.replicas.len(), 3);
     let top = &heat.groups[0];
     assert_eq!(top.requests, 30, "{heat:?}");

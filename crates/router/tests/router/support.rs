@@ -83,10 +83,16 @@ impl SimProcess {
 
     /// Starts a replica that publishes vLLM-style KV events; returns it with its (PUB, replay) endpoints.
     pub async fn start_with_kv_events() -> Result<(Self, String, String)> {
+        Self::start_with_kv_events_as("vllm").await
+    }
+
+    /// [`Self::start_with_kv_events`] with the batches in `encoding` (`--kv-events-encoding`).
+    pub async fn start_with_kv_events_as(encoding: &str) -> Result<(Self, String, String)> {
         use tokio::io::{AsyncBufReadExt, BufReader};
         let mut process = ChildProcess::spawn(
             tokio::process::Command::new(bin_path("fleet-sim")?)
                 .args(["serve", "--replicas", "1", "--base-port", "0", "--kv-events", "tcp://127.0.0.1:0"])
+                .args(["--kv-events-encoding", encoding])
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::inherit()),
         )?;

@@ -1,5 +1,5 @@
 //! KV-cache events over real ZMQ, decoded by an independent decoder: a Python subscriber
-//! (pyzmq SUB + msgpack) reads the live stream in both encodings, then asks the replay socket
+//! (pyzmq SUB + msgpack) reads the live stream in each encoding, then asks the replay socket
 //! (a DEALER speaking vLLM's replay protocol) for everything from seq 0, including the batch it
 //! missed before it connected.
 
@@ -45,7 +45,10 @@ def event(e):
 def decode(payload):
     batch = msgpack.unpackb(payload, raw=False)
     if isinstance(batch, list):
-        return {"encoding": "array", "ts": batch[0], "rank": batch[2] if len(batch) > 2 else None,
+        maps = all(isinstance(e, dict) for e in batch[1])
+        arrays = all(isinstance(e, list) for e in batch[1])
+        encoding = "vllm" if maps else "array" if arrays else "mixed"
+        return {"encoding": encoding, "ts": batch[0], "rank": batch[2] if len(batch) > 2 else None,
                 "events": [event(e) for e in batch[1]]}
     return {"encoding": "map", "ts": batch["ts"], "rank": batch.get("data_parallel_rank"),
             "events": [event(e) for e in batch["events"]]}
@@ -94,9 +97,9 @@ fn hashes(value: &Value) -> Vec<u64> {
 }
 
 #[tokio::test]
-async fn kv_events_reach_a_python_subscriber_in_both_encodings_and_replay_returns_missed_ones() -> Result<()>
+async fn kv_events_reach_a_python_subscriber_in_every_encoding_and_replay_returns_missed_ones() -> Result<()>
 {
-    for encoding in [Encoding::Array, Encoding::Map] {
+    for encoding in Encoding::ALL {
         let mut config = ReplicaConfig::default();
         config.engine.num_gpu_blocks = 48;
         let kv = KvEventsConfig {
@@ -151,9 +154,9 @@ async fn kv_events_reach_a_python_subscriber_in_both_encodings_and_replay_return
 
         let live: Vec<&Value> = records.iter().filter(|r| r["source"] == "live").collect();
         let replay: Vec<&Value> = records.iter().filter(|r| r["source"] == "replay").collect();
-        let name = format!("{encoding:?}");
+        let name = encoding.name();
         ensure!(
-            live.iter().chain(&replay).all(|r| r["encoding"] == name.to_lowercase() && r["rank"] == 0),
+            live.iter().chain(&replay).all(|r| r["encoding"] == name && r["rank"] == 0),
             "{name}: {records:?}"
         );
         let live_seqs: Vec<u64> = live.iter().filter_map(|r| r["seq"].as_u64()).collect();

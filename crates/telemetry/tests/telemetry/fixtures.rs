@@ -1,6 +1,7 @@
 //! Every engine's exposition (two scrapes 5 s apart, under `tests/fixtures/`) parsed, detected
-//! and normalised, checked against a table of expected signals; plus counter resets, missing
-//! families and unknown endpoints.
+//! and normalised, checked against a table of expected signals; vLLM 0.32's exposition recorded from a
+//! real server, and the same with two data-parallel ranks; plus counter resets, missing families and
+//! unknown endpoints.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -232,6 +233,8 @@ fn cases() -> Vec<Case> {
             expect: EngineSignals {
                 queue_depth: Some(2.0),
                 running: Some(7.0),
+                // 7,500 cached of 12,500 input tokens: the two histograms' `_sum` increases.
+                hit_rate: Some(0.6),
                 ttft_p50_s: Some(0.047 + 0.053 * 12.5 / 20.0),
                 ttft_p95_s: Some(0.19),
                 ttft_p99_s: Some(0.1 + 0.12 * (24.75 - 20.0) / 5.0),
@@ -400,5 +403,81 @@ fn every_fixture_cites_the_source_of_its_names() {
         assert!(text.starts_with("# Source of names"), "{} does not cite its source", path.display());
         count += 1;
     }
-    assert_eq!(count, 26);
+    assert_eq!(count, 30);
+}
+
+/// The readings of a fixture's two scrapes.
+fn readings(stem: &str) -> [fleet_telemetry::Reading; 2] {
+    [1, 2].map(|n| {
+        let text = fixture(&format!("{stem}.{n}.prom"));
+        read(&parse(&text).unwrap_or_else(|e| panic!("{stem}.{n}: {e}"))).unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+#[test]
+fn vllm_0_32_as_recorded_gives_every_signal() {
+    let [_, second] = readings("vllm-0.32");
+    assert_eq!(second.engine, Engine::Vllm);
+    assert!(second.flavor.contains("current"), "{}", second.flavor);
+    assert_eq!(second.model.as_deref(), Some("tiny-llama3"));
+    let raw = &second.total;
+    // An idle server: zero, not "not provided".
+    assert_eq!((raw.waiting, raw.running, raw.kv_usage), (Some(0.0), Some(0.0), Some(0.0)));
+    assert_eq!((raw.prefix_queries, raw.prefix_hits), (Some(3616.0), Some(2976.0)));
+    assert_eq!((raw.prompt_tokens, raw.prompt_tokens_cached), (Some(3616.0), Some(2976.0)));
+    assert_eq!((raw.generation_tokens, raw.preemptions), (Some(120.0), Some(0.0)));
+    let ttft = raw.ttft.as_ref().expect("TTFT histogram");
+    assert_eq!((ttft.count, ttft.buckets.len()), (18.0, 23));
+    assert!((ttft.sum - 6.7524094581604).abs() < 1e-12);
+    assert_eq!(ttft.buckets.last(), Some(&(f64::INFINITY, 18.0)));
+    assert_eq!(second.ranks.len(), 1);
+    assert_eq!(second.ranks[0].0, "0");
+    assert_eq!(&second.ranks[0].1, raw, "one engine: the rank is the replica");
+
+    let signals = signals_of(&fixture("vllm-0.32.1.prom"), &fixture("vllm-0.32.2.prom")).total;
+    close("hit_rate", "vllm-0.32", signals.hit_rate, Some((2976.0 - 800.0) / (3616.0 - 1106.0)));
+    close("prompt_tokens_per_s", "vllm-0.32", signals.prompt_tokens_per_s, Some((3616.0 - 1106.0) / 5.0));
+    close("generation_tokens_per_s", "vllm-0.32", signals.generation_tokens_per_s, Some(96.0 / 5.0));
+    close("preemptions_per_s", "vllm-0.32", signals.preemptions_per_s, Some(0.0));
+    // 12 first tokens between the scrapes: 5 by 40 ms, 7 by 60 ms, ..., 11 by 1 s, 12 by 2.5 s.
+    close("ttft_p50_s", "vllm-0.32", signals.ttft_p50_s, Some(0.04 + 0.02 * (6.0 - 5.0) / 2.0));
+    close("ttft_p95_s", "vllm-0.32", signals.ttft_p95_s, Some(1.0 + 1.5 * (11.4 - 11.0)));
+    assert!(signals.itl_p50_s.is_some() && signals.itl_mean_s.is_some());
+}
+
+#[test]
+fn vllm_0_32_data_parallel_ranks_add_up_and_kv_usage_averages() {
+    let [_, one] = readings("vllm-0.32");
+    let [_, two] = readings("vllm-0.32-dp2");
+    let (one_raw, two_raw) = (&one.total, &two.total);
+    let doubled = |v: Option<f64>| v.map(|v| 2.0 * v);
+    assert_eq!(two_raw.prefix_queries, doubled(one_raw.prefix_queries));
+    assert_eq!(two_raw.prefix_hits, doubled(one_raw.prefix_hits));
+    assert_eq!(two_raw.prompt_tokens_cached, doubled(one_raw.prompt_tokens_cached));
+    assert_eq!(two_raw.generation_tokens, doubled(one_raw.generation_tokens));
+    assert_eq!((two_raw.running, two_raw.waiting), (Some(0.0), Some(0.0)));
+    assert_eq!(two_raw.kv_usage, one_raw.kv_usage, "a fraction: averaged over ranks, not added");
+    let (ttft_one, ttft_two) = (one_raw.ttft.as_ref().unwrap(), two_raw.ttft.as_ref().unwrap());
+    assert_eq!(ttft_two.count, 2.0 * ttft_one.count);
+    assert_eq!(two.ranks.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(), ["0", "1"]);
+    for (_, rank) in &two.ranks {
+        assert_eq!(rank, one_raw, "each rank reads as the one engine it copies");
+    }
+
+    let one = signals_of(&fixture("vllm-0.32.1.prom"), &fixture("vllm-0.32.2.prom"));
+    let two = signals_of(&fixture("vllm-0.32-dp2.1.prom"), &fixture("vllm-0.32-dp2.2.prom"));
+    close("hit_rate", "dp2", two.total.hit_rate, one.total.hit_rate);
+    close(
+        "prompt_tokens_per_s",
+        "dp2",
+        two.total.prompt_tokens_per_s,
+        doubled(one.total.prompt_tokens_per_s),
+    );
+    close("ttft_p50_s", "dp2", two.total.ttft_p50_s, one.total.ttft_p50_s);
+    close("ttft_p95_s", "dp2", two.total.ttft_p95_s, one.total.ttft_p95_s);
+    assert_eq!(two.ranks.len(), 2);
+    for (_, rank) in &two.ranks {
+        close("rank hit_rate", "dp2", rank.hit_rate, one.total.hit_rate);
+        close("rank prompt_tokens_per_s", "dp2", rank.prompt_tokens_per_s, one.total.prompt_tokens_per_s);
+    }
 }
