@@ -3,7 +3,7 @@
 //! 10,000 KV blocks each, KV events on), with the clients of one `fleet-sim bench` run spread over the
 //! routers (a trace session always through the same router, as a client keeps its connection). Per row: the
 //! fleet's prefix hit rate (the replicas' own /metrics deltas) and client-side TTFT p50/p95; then 4 routers
-//! against 1 per policy, against the goal (hit rate within 2 points, TTFT p95 within 15 %).
+//! against 1 per policy, against the goal (at most 2 points fewer hits, TTFT p95 at most 1.15x).
 //!
 //! What the routers share comes from the engines only, never from each other: every router scrapes each
 //! replica's /metrics (`--engine-metrics-ms`, on by default) for the queue, running requests and KV usage
