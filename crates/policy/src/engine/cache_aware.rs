@@ -141,7 +141,7 @@ pub(super) fn approx(
     if imbalanced {
         let position = least_loaded(pick);
         let reason = sentence(format_args!(
-            "balance: requests held range from {min} to {max} (gap {} > {} and {max} > {} x {min}), so the \
+            "balance: outstanding requests range from {min} to {max} (gap {} > {} and {max} > {} x {min}), so the \
              least loaded {} was chosen",
             max - min,
             params.balance_abs_threshold,

@@ -17,7 +17,7 @@ pub(super) fn load_of(pick: &PickInProgress, position: usize, metric: LoadMetric
 
 fn metric_name(metric: LoadMetric) -> &'static str {
     match metric {
-        LoadMetric::Requests => "requests held",
+        LoadMetric::Requests => "outstanding requests",
         LoadMetric::PrefillTokens => "prefill tokens",
     }
 }
