@@ -1,5 +1,6 @@
 //! `cargo xtask bench ...`: picks the benchmark, and launches the two that are examples of the control
 //! crate (`fidelity`, `etcd`). The router bench is in `router_bench.rs`, the peers bench in `peers.rs`,
+//! many routers over one fleet (`bench routers`) in `routers.rs`,
 //! `bench real` in `real.rs`; their shared process kit in `procs.rs`.
 
 use std::process::Command;
@@ -12,10 +13,11 @@ pub fn run_bench(args: &[String]) -> Result<()> {
         Some("router") => crate::router_bench::run_router_bench(),
         Some("etcd") => etcd_bench(&args[1..]),
         Some("peers") => crate::peers::run_peers(),
+        Some("routers") => crate::routers::run_routers(),
         Some("real") => crate::real::run_real(),
         Some("fidelity") => fidelity_bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask bench router | peers | real | fidelity [REQUESTS] | etcd [--routers N] [--pushes N]"
+            "usage: cargo xtask bench router | peers | routers | real | fidelity [REQUESTS] | etcd [--routers N] [--pushes N]"
                 .to_owned(),
         ),
     }

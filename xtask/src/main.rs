@@ -15,6 +15,7 @@ mod pgo;
 mod procs;
 mod real;
 mod router_bench;
+mod routers;
 #[cfg(test)]
 mod tidy;
 mod vllm;
@@ -78,6 +79,8 @@ commands:
   bench router     fleet-router's added latency and req/s vs direct and nginx (wrk; not CI)
   bench peers      fleet-router's policies vs SGLang's SMG and vllm-router on one emulated
                    fleet and the same traces (fleet-sim bench; installs the pinned wheels; not CI)
+  bench routers    1 and 4 fleet-routers over one emulated fleet, clients spread over them: hit
+                   rate and TTFT p50/p95 per policy (not CI)
   bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)
   bench real       fleet-router's policies over 3 real llama.cpp servers: TTFT and the prompt
                    tokens llama.cpp computed, and the emulator's what-if against it (not CI)

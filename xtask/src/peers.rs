@@ -38,9 +38,9 @@ use crate::{Result, cargo, install_packages, root, run, target_dir};
 const SMG_VERSION: &str = "1.13.0";
 const VLLM_ROUTER_VERSION: &str = "0.1.17";
 
-const REPLICAS: usize = 8;
+pub(crate) const REPLICAS: usize = 8;
 /// KV blocks per replica (16 tokens each): 160k tokens, small against the traces' working sets.
-const KV_BLOCKS: u32 = 10_000;
+pub(crate) const KV_BLOCKS: u32 = 10_000;
 /// Mooncake prompts reach 135k tokens in the first requests; vLLM's default limit would refuse them.
 const MAX_MODEL_LEN: u32 = 200_000;
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -100,31 +100,31 @@ impl RouterSpec {
 
 /// One workload: a trace file and how it is replayed.
 #[derive(Debug, Clone)]
-struct Workload {
-    name: &'static str,
-    trace: PathBuf,
-    speedup: f64,
-    max_requests: usize,
+pub(crate) struct Workload {
+    pub(crate) name: &'static str,
+    pub(crate) trace: PathBuf,
+    pub(crate) speedup: f64,
+    pub(crate) max_requests: usize,
 }
 
 /// What one router did on one workload.
 #[derive(Debug, Clone, Default)]
-struct Row {
-    hit_rate: Option<f64>,
-    ttft_p50_ms: Option<f64>,
-    ttft_p95_ms: Option<f64>,
-    itl_p95_ms: Option<f64>,
-    requests_per_s: Option<f64>,
-    completed: f64,
-    errors: f64,
-    cpu_ms_per_request: Option<f64>,
+pub(crate) struct Row {
+    pub(crate) hit_rate: Option<f64>,
+    pub(crate) ttft_p50_ms: Option<f64>,
+    pub(crate) ttft_p95_ms: Option<f64>,
+    pub(crate) itl_p95_ms: Option<f64>,
+    pub(crate) requests_per_s: Option<f64>,
+    pub(crate) completed: f64,
+    pub(crate) errors: f64,
+    pub(crate) cpu_ms_per_request: Option<f64>,
 }
 
 /// A running fleet: its replicas' URLs and KV-event endpoints.
-struct Fleet {
+pub(crate) struct Fleet {
     _process: Guard,
-    urls: Vec<String>,
-    kv: Vec<(String, String)>,
+    pub(crate) urls: Vec<String>,
+    pub(crate) kv: Vec<(String, String)>,
 }
 
 pub fn run_peers() -> Result<()> {
@@ -230,7 +230,7 @@ fn ensure_peers() -> Result<PathBuf> {
 }
 
 /// Starts 8 cold replicas in one `fleet-sim serve` on free ports, with KV events.
-fn start_fleet(bin: &Path, dir: &Path) -> Result<Fleet> {
+pub(crate) fn start_fleet(bin: &Path, dir: &Path) -> Result<Fleet> {
     let kv_port = free_port_range(2 * REPLICAS as u16)?;
     let args = [
         "serve".to_owned(),
@@ -377,7 +377,7 @@ fn start_router(
 }
 
 /// The status of `GET path` on a loopback port (HTTP/1.0, bounded waits), or None.
-fn http_status(port: u16, path: &str) -> Option<u16> {
+pub(crate) fn http_status(port: u16, path: &str) -> Option<u16> {
     use std::io::{Read, Write};
     let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
@@ -391,6 +391,13 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
 
 /// Replays `workload` through `url` with `fleet-sim bench` and reads its JSON report.
 fn bench_once(bin: &Path, url: &str, workload: &Workload, fleet: &Fleet) -> Result<Row> {
+    bench_spread(bin, &[url.to_owned()], workload, fleet)
+}
+
+/// Replays `workload` with `fleet-sim bench`, its clients spread over `urls` (several routers of one fleet:
+/// a session always through the same one), and reads its JSON report.
+pub(crate) fn bench_spread(bin: &Path, urls: &[String], workload: &Workload, fleet: &Fleet) -> Result<Row> {
+    let (url, also) = urls.split_first().ok_or("no target to bench")?;
     let mut args = vec![
         "bench".to_owned(),
         "--target".to_owned(),
@@ -408,6 +415,10 @@ fn bench_once(bin: &Path, url: &str, workload: &Workload, fleet: &Fleet) -> Resu
     for replica in &fleet.urls {
         args.push("--metrics".to_owned());
         args.push(replica.clone());
+    }
+    for other in also {
+        args.push("--also-target".to_owned());
+        args.push(other.clone());
     }
     let output = Command::new(bin.join("fleet-sim"))
         .args(&args)
@@ -476,7 +487,7 @@ fn tree_cpu_seconds(pid: u32) -> f64 {
     tree.iter().filter_map(|p| procs::cpu_seconds(*p)).map(|(user, system)| user + system).sum()
 }
 
-fn cell(value: Option<f64>, digits: usize) -> String {
+pub(crate) fn cell(value: Option<f64>, digits: usize) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{v:.digits$}"))
 }
 

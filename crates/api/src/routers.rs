@@ -91,6 +91,41 @@ pub struct HeatMap {
     pub hotspots: Vec<Hotspot>,
     /// The router's traffic window, seconds.
     pub window_s: u64,
+    /// Whether the routers agree on each replica's load: each router's view beside the engine's own figure.
+    #[serde(default)]
+    pub load_agreement: Vec<ReplicaLoadAgreement>,
+}
+
+/// One replica's load as every router sees it, beside what its engine itself reports.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ReplicaLoadAgreement {
+    pub replica: String,
+    /// Requests the engine holds (waiting + running) by its own `/metrics`, from the router whose scrape
+    /// is freshest; `None` when no router has fresh figures.
+    pub engine: Option<f64>,
+    /// Age of that figure, milliseconds.
+    pub engine_age_ms: Option<u64>,
+    /// One entry per router that lists the replica.
+    pub routers: Vec<RouterLoadView>,
+    /// Whether some router's view is off the engine's figure (or, without one, off the other routers'):
+    /// by more than 2 requests and a quarter of the figure.
+    pub disagree: bool,
+    /// Which routers are off and by how much, for people.
+    pub note: Option<String>,
+}
+
+/// One router's view of one replica's load.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RouterLoadView {
+    pub router: String,
+    /// Requests this router has in flight there.
+    pub own: u64,
+    /// Requests its policy counts there: the engine's fresh figures with its own requests since, else `own`.
+    pub seen: u64,
+    /// `engine` or `own` (no fresh engine figures: scrapes off, failing or stale).
+    pub source: String,
+    /// Its scraped engine figures are missing or too old.
+    pub stale: bool,
 }
 
 /// One prefix group (requests whose first block is the same).

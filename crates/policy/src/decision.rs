@@ -49,6 +49,10 @@ pub struct CandidateExplanation {
     pub outstanding: u64,
     /// Prompt tokens of its requests still in prefill.
     pub prefill_tokens: u64,
+    /// Requests it holds (queue + running) by its fresh reported metrics, with those routed here since
+    /// (see `Engine::seen_metrics`): load other routers sent included. `None` without fresh metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_load: Option<f64>,
     /// The load figure the policy compared, when it compared loads.
     pub load: Option<f64>,
     /// Leading prompt blocks it holds, for cache-aware policies.

@@ -61,6 +61,10 @@ pub struct ReplicaStatus {
     pub active_decode_blocks: u64,
     /// Latest reported metrics and when they were set.
     pub metrics: Option<(ReplicaMetrics, u64)>,
+    /// The load the policies see at the status's `now_ms`: the reported metrics while fresh (see
+    /// [`Engine::set_metrics_max_age`]), combined with this engine's own requests (see [`Engine::seen_metrics`]);
+    /// `None` when there are no fresh metrics and the policies fall back to `outstanding`.
+    pub seen: Option<ReplicaMetrics>,
     /// KV events received from it.
     pub kv_events: u64,
     /// Blocks the routed (approximate) index attributes to it.
@@ -78,6 +82,12 @@ struct ReplicaState {
     active_prefill_blocks: u64,
     active_decode_blocks: u64,
     metrics: Option<(ReplicaMetrics, u64)>,
+    /// Bumped by every `set_metrics`: tells a completing request whether the latest metrics count it.
+    metrics_epoch: u64,
+    /// Requests routed to it since its metrics were set and still outstanding (the metrics cannot count them).
+    routed_since_metrics: u64,
+    /// Requests the metrics counted that completed since (the metrics still count them).
+    completed_since_metrics: u64,
     kv_events: u64,
 }
 
@@ -91,6 +101,9 @@ impl ReplicaState {
             active_prefill_blocks: 0,
             active_decode_blocks: 0,
             metrics: None,
+            metrics_epoch: 0,
+            routed_since_metrics: 0,
+            completed_since_metrics: 0,
             kv_events: 0,
         }
     }
@@ -105,6 +118,8 @@ struct ActiveRequest {
     prompt_blocks: u64,
     in_decode: bool,
     routed_at_ms: u64,
+    /// The replica's metrics epoch when routed: the metrics of a later epoch count the request.
+    metrics_epoch: u64,
     /// Prompt blocks counted as pending on the replica until the prefill ends (`kv_precise` only).
     pending_blocks: Vec<u64>,
 }
@@ -130,6 +145,8 @@ pub struct Engine {
     last_routed_slot: Option<u32>,
     /// Consistent-hash ring: sorted (point, slot).
     ring: Vec<(u64, u32)>,
+    /// Reported metrics older than this are ignored (`None`: they never age out).
+    metrics_max_age_ms: Option<u64>,
 }
 
 impl Engine {
@@ -148,6 +165,7 @@ impl Engine {
             requests: BTreeMap::new(),
             last_routed_slot: None,
             ring: Vec::new(),
+            metrics_max_age_ms: None,
         };
         engine.apply_capacities();
         for replica in replicas {
@@ -211,8 +229,67 @@ impl Engine {
         self.slots.iter().flatten().map(|state| state.id).collect()
     }
 
-    /// A snapshot of one replica.
+    /// Sets how long reported metrics count: a replica whose latest metrics are older than `max_age_ms`
+    /// at a pick is treated as reporting none (the policies fall back to the engine's own counts). `None`
+    /// (the default) keeps metrics until the next ones. A policy change keeps the setting.
+    pub fn set_metrics_max_age(&mut self, max_age_ms: Option<u64>) {
+        self.metrics_max_age_ms = max_age_ms;
+    }
+
+    /// How long reported metrics count (see [`Engine::set_metrics_max_age`]).
+    pub fn metrics_max_age(&self) -> Option<u64> {
+        self.metrics_max_age_ms
+    }
+
+    /// The load the policies see on a replica at `now_ms`, or `None` when it has no fresh metrics.
+    ///
+    /// Reported metrics count every request the replica holds, whoever sent it (other routers too), but
+    /// not those this engine routed since they were set, and still count this engine's requests that have
+    /// completed since; the engine's own counts know only its own. So: queue = reported queue + requests
+    /// routed here since and still outstanding; running = the reported running less this engine's requests
+    /// completed since, raised to this engine's own earlier requests not accounted for in the reported
+    /// queue. Queue plus running is then at least this engine's outstanding count, and counts what other
+    /// routers had there at the report.
+    pub fn seen_metrics(&self, replica: ReplicaId, now_ms: u64) -> Option<ReplicaMetrics> {
+        let slot = *self.slot_of.get(&replica)?;
+        self.seen_of(self.slots.get(slot as usize)?.as_ref()?, now_ms)
+    }
+
+    fn seen_of(&self, state: &ReplicaState, now_ms: u64) -> Option<ReplicaMetrics> {
+        let (metrics, at_ms) = state.metrics?;
+        if self.metrics_max_age_ms.is_some_and(|max_age| now_ms.saturating_sub(at_ms) > max_age) {
+            return None;
+        }
+        let since = state.routed_since_metrics;
+        let earlier_own = state.outstanding.saturating_sub(since);
+        let queue = u64::from(metrics.queue_depth) + since;
+        let running = u64::from(metrics.running)
+            .saturating_sub(state.completed_since_metrics)
+            .max(earlier_own.saturating_sub(u64::from(metrics.queue_depth)));
+        let clamp = |value: u64| u32::try_from(value).unwrap_or(u32::MAX);
+        Some(ReplicaMetrics {
+            queue_depth: clamp(queue),
+            running: clamp(running),
+            kv_usage: metrics.kv_usage,
+        })
+    }
+
+    /// Whether a replica's metrics were reported but are too old to count at `now_ms`.
+    fn metrics_aged_out(&self, state: &ReplicaState, now_ms: u64) -> bool {
+        state.metrics.is_some_and(|(_, at_ms)| {
+            self.metrics_max_age_ms.is_some_and(|max_age| now_ms.saturating_sub(at_ms) > max_age)
+        })
+    }
+
+    /// A snapshot of one replica (`seen` as of the last metrics' time; see [`Engine::replica_status_at`]).
     pub fn replica_status(&self, replica: ReplicaId) -> Option<ReplicaStatus> {
+        let at =
+            self.slot_of.get(&replica).and_then(|&slot| self.slots.get(slot as usize)?.as_ref()?.metrics);
+        self.replica_status_at(replica, at.map_or(0, |(_, at_ms)| at_ms))
+    }
+
+    /// A snapshot of one replica, with the load the policies would see at `now_ms`.
+    pub fn replica_status_at(&self, replica: ReplicaId, now_ms: u64) -> Option<ReplicaStatus> {
         let slot = *self.slot_of.get(&replica)?;
         let state = self.slots.get(slot as usize)?.as_ref()?;
         Some(ReplicaStatus {
@@ -223,6 +300,7 @@ impl Engine {
             active_prefill_blocks: state.active_prefill_blocks,
             active_decode_blocks: state.active_decode_blocks,
             metrics: state.metrics,
+            seen: self.seen_of(state, now_ms),
             kv_events: state.kv_events,
             routed_index_blocks: self.routed_index.blocks_at(slot),
             kv_blocks: std::array::from_fn(|medium| self.kv_indexes[medium].blocks_at(slot)),
@@ -308,7 +386,11 @@ impl Engine {
         metrics: ReplicaMetrics,
         now_ms: u64,
     ) -> Result<(), ObserveError> {
-        self.state_mut(replica)?.1.metrics = Some((metrics, now_ms));
+        let state = self.state_mut(replica)?.1;
+        state.metrics = Some((metrics, now_ms));
+        state.metrics_epoch += 1;
+        state.routed_since_metrics = 0;
+        state.completed_since_metrics = 0;
         Ok(())
     }
 
@@ -338,6 +420,8 @@ impl Engine {
         let tracks_pending = matches!(self.policy, ResolvedPolicy::KvPrecise(_));
         let (slot, state) = self.state_mut(replica)?;
         state.outstanding += 1;
+        state.routed_since_metrics += 1;
+        let metrics_epoch = state.metrics_epoch;
         state.prefill_tokens += u64::from(view.prompt_tokens);
         state.active_prefill_blocks += prefill_blocks;
         self.requests.insert(
@@ -349,6 +433,7 @@ impl Engine {
                 prompt_blocks,
                 in_decode: false,
                 routed_at_ms: now_ms,
+                metrics_epoch,
                 pending_blocks: if tracks_pending { view.block_hashes.clone() } else { Vec::new() },
             },
         );
@@ -428,6 +513,11 @@ impl Engine {
         // A request outliving its replica just disappears with it.
         if let Ok((_, state)) = self.state_mut(active.replica) {
             state.outstanding = state.outstanding.saturating_sub(1);
+            if active.metrics_epoch == state.metrics_epoch {
+                state.routed_since_metrics = state.routed_since_metrics.saturating_sub(1);
+            } else {
+                state.completed_since_metrics += 1;
+            }
             if active.in_decode {
                 state.active_decode_blocks = state.active_decode_blocks.saturating_sub(active.prompt_blocks);
             } else {
@@ -505,7 +595,7 @@ impl Engine {
         now_ms: u64,
         rng: &mut R,
     ) -> Result<Decision, PickError> {
-        let mut pick = PickInProgress::new(self, view)?;
+        let mut pick = PickInProgress::new(self, view, now_ms)?;
         match &self.policy {
             ResolvedPolicy::RoundRobin => load_based::round_robin(self, &mut pick),
             ResolvedPolicy::Random => load_based::random(&mut pick, rng),
@@ -551,7 +641,7 @@ struct PickInProgress {
 }
 
 impl PickInProgress {
-    fn new(engine: &Engine, _view: &RequestView) -> Result<Self, PickError> {
+    fn new(engine: &Engine, _view: &RequestView, now_ms: u64) -> Result<Self, PickError> {
         let mut slots = Vec::with_capacity(engine.slots.len());
         let mut candidates = Vec::with_capacity(engine.slots.len());
         let mut healthy = Vec::with_capacity(engine.slots.len());
@@ -567,6 +657,9 @@ impl PickInProgress {
                 eligible: state.healthy,
                 outstanding: state.outstanding,
                 prefill_tokens: state.prefill_tokens,
+                seen_load: engine
+                    .seen_of(state, now_ms)
+                    .map(|seen| f64::from(seen.queue_depth) + f64::from(seen.running)),
                 load: None,
                 matched_blocks: None,
                 score: None,
@@ -677,6 +770,72 @@ mod tests {
         let mut engine = Engine::new(PolicySpec::named("least_load"), &ids(2)).expect("valid");
         engine.on_routed(1, ReplicaId(1), &view, 0).expect("routed");
         assert_eq!(engine.pending_index().distinct_blocks(), 0);
+    }
+
+    #[test]
+    fn reported_load_counts_other_routers_requests_and_ages_out() {
+        // Replica 0 is first in engine order, so without reported figures least_load ties to it.
+        let mut engine = Engine::new(PolicySpec::named("least_load"), &ids(2)).expect("valid");
+        engine.set_metrics_max_age(Some(1_000));
+        let mut rng = StdRng::seed_from_u64(1);
+        let view = RequestView::default();
+        // Another router keeps six requests on replica 0: only its engine's figures say so.
+        let busy = ReplicaMetrics { queue_depth: 2, running: 4, kv_usage: 0.5 };
+        engine.set_metrics(ReplicaId(0), busy, 100).expect("known");
+        engine.set_metrics(ReplicaId(1), ReplicaMetrics::default(), 100).expect("known");
+        let decision = engine.pick(&view, 200, &mut rng).expect("pick");
+        assert_eq!(decision.replica, ReplicaId(1), "{}", decision.reason);
+        assert_eq!(decision.candidates[0].seen_load, Some(6.0));
+        // Requests this engine routes after the figures count on top of them until the next figures.
+        for id in 0..7 {
+            engine.on_routed(id, ReplicaId(1), &view, 300).expect("routed");
+        }
+        let seen = engine.seen_metrics(ReplicaId(1), 300).expect("fresh");
+        assert_eq!((seen.queue_depth, seen.running), (7, 0));
+        assert_eq!(engine.pick(&view, 300, &mut rng).expect("pick").replica, ReplicaId(0));
+        // Figures that already count this engine's requests do not count them twice, and never go below them.
+        engine
+            .set_metrics(ReplicaId(1), ReplicaMetrics { queue_depth: 0, running: 3, ..busy }, 400)
+            .expect("known");
+        let seen = engine.seen_metrics(ReplicaId(1), 400).expect("fresh");
+        assert_eq!((seen.queue_depth, seen.running), (0, 7), "own outstanding is a floor");
+        // Completed requests leave the figures at once: those routed since (7 -> 5 outstanding, queue 0)...
+        engine.on_completed(0, 450).expect("completed");
+        engine.on_completed(1, 450).expect("completed");
+        let seen = engine.seen_metrics(ReplicaId(1), 450).expect("fresh");
+        assert_eq!((seen.queue_depth, seen.running), (0, 5));
+        // ...and those the figures counted (replica 0's report of 4 running, 1 of them ours).
+        engine.on_routed(100, ReplicaId(0), &view, 460).expect("routed");
+        engine.set_metrics(ReplicaId(0), busy, 470).expect("known");
+        engine.on_completed(100, 480).expect("completed");
+        let seen = engine.seen_metrics(ReplicaId(0), 480).expect("fresh");
+        assert_eq!((seen.queue_depth, seen.running), (2, 3));
+        // Past the bound, figures no longer count: the engine's own counts decide (replica 1 holds 7).
+        assert!(engine.seen_metrics(ReplicaId(0), 1_471).is_none());
+        let decision = engine.pick(&view, 1_500, &mut rng).expect("pick");
+        assert_eq!(decision.replica, ReplicaId(0), "{}", decision.reason);
+        assert_eq!(decision.candidates[0].seen_load, None);
+        let status = engine.replica_status_at(ReplicaId(0), 1_500).expect("known");
+        assert_eq!((status.metrics.map(|m| m.1), status.seen), (Some(470), None));
+    }
+
+    #[test]
+    fn weighted_scorers_ignore_aged_out_metrics_and_say_so() {
+        let mut engine = Engine::new(PolicySpec::named("weighted_scorers"), &ids(2)).expect("valid");
+        engine.set_metrics_max_age(Some(1_000));
+        let mut rng = StdRng::seed_from_u64(1);
+        let view = RequestView::default();
+        let full = ReplicaMetrics { queue_depth: 50, running: 50, kv_usage: 0.99 };
+        engine.set_metrics(ReplicaId(0), full, 0).expect("known");
+        engine.set_metrics(ReplicaId(1), ReplicaMetrics::default(), 0).expect("known");
+        assert_eq!(engine.pick(&view, 500, &mut rng).expect("pick").replica, ReplicaId(1));
+        let decision = engine.pick(&view, 2_000, &mut rng).expect("pick");
+        assert_eq!(decision.replica, ReplicaId(0), "aged out: both idle by own counts, engine order");
+        assert!(
+            decision.notes.iter().any(|n| n.contains("older than 1000 ms were ignored")),
+            "{:?}",
+            decision.notes
+        );
     }
 
     #[test]

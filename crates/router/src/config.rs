@@ -186,6 +186,45 @@ impl Default for RecordConfig {
     }
 }
 
+/// Reading each replica's engine load (queue, running requests, KV usage) from its `/metrics`, off the
+/// request path, so the policies see the load other routers sent too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineMetricsConfig {
+    /// Time between two scrapes of one replica; zero turns the scrapes off.
+    pub interval: Duration,
+    /// Time one scrape may take (connect, headers, body); a replica has at most one scrape in flight.
+    pub timeout: Duration,
+    /// Largest `/metrics` body read; a larger one is refused, not buffered.
+    pub max_bytes: usize,
+    /// Figures older than this many intervals are stale: the policies ignore them (and fall back to the
+    /// router's own in-flight counts) and `/admin/state` and `/metrics` flag them.
+    pub max_age_intervals: u32,
+}
+
+impl Default for EngineMetricsConfig {
+    /// Four scrapes a second, each within 1 s and 2 MiB; figures count for a second.
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(250),
+            timeout: Duration::from_secs(1),
+            max_bytes: 2 << 20,
+            max_age_intervals: 4,
+        }
+    }
+}
+
+impl EngineMetricsConfig {
+    /// Whether the scrapes run.
+    pub fn enabled(&self) -> bool {
+        !self.interval.is_zero()
+    }
+
+    /// Age beyond which figures no longer count, in milliseconds (`None` when the scrapes are off).
+    pub fn max_age_ms(&self) -> Option<u64> {
+        self.enabled().then(|| self.interval.as_millis() as u64 * u64::from(self.max_age_intervals))
+    }
+}
+
 /// HTTPS: PEM certificate chain and private key (build feature `tls`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsConfig {
@@ -265,6 +304,8 @@ pub struct RouterConfig {
     pub health: HealthConfig,
     /// Traffic recording.
     pub record: RecordConfig,
+    /// Reading the replicas' engine load from their `/metrics`.
+    pub engine_metrics: EngineMetricsConfig,
     /// Decisions kept for `GET /admin/decisions`.
     pub decisions_capacity: usize,
     /// Bytes the decisions kept may weigh ([`crate::state::DecisionRecord::weight`]); the oldest leave first.
@@ -302,6 +343,7 @@ impl Default for RouterConfig {
             max_attempts: 3,
             health: HealthConfig::default(),
             record: RecordConfig::default(),
+            engine_metrics: EngineMetricsConfig::default(),
             decisions_capacity: 1000,
             decisions_max_bytes: 16 << 20,
             heat_window: Duration::from_secs(300),
@@ -363,6 +405,21 @@ impl RouterConfig {
         }
         if self.record.file.is_some() && self.record.max_file_bytes < 1024 {
             return Err(ConfigError::new("record.max_file_bytes", "must be at least 1024 bytes"));
+        }
+        let engine = &self.engine_metrics;
+        if engine.enabled() {
+            if engine.timeout.is_zero() || engine.max_bytes == 0 || engine.max_age_intervals == 0 {
+                return Err(ConfigError::new(
+                    "engine_metrics",
+                    "the timeout, the size cap and the age bound (in intervals) must be above zero",
+                ));
+            }
+            if engine.interval < Duration::from_millis(10) {
+                return Err(ConfigError::new(
+                    "engine_metrics.interval",
+                    "at least 10 ms (0 turns the scrapes off); 250 ms keeps figures fresh at little cost",
+                ));
+            }
         }
         if self.tls.is_some() && !cfg!(feature = "tls") {
             return Err(ConfigError::new(

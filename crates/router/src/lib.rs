@@ -9,6 +9,8 @@
 //! - [`serve`]: the HTTP/1 server loop (header read timeout, graceful shutdown).
 //! - [`admin`]: the token-checked admin API; [`metrics`]: `/metrics`; [`recording`]: the trace ring and file.
 //! - [`health`]: hysteresis over probes and request outcomes; [`kv_events`]: KV-event subscription.
+//! - [`engine_load`]: each replica's queue, running requests and KV usage from its `/metrics`, scraped in the
+//!   background and handed to the policy engine, so load other routers sent is seen.
 //! - [`etcd_policy`]: the policy from an etcd key (`--policy-etcd`), watched and validated like an admin PUT.
 //! - `tls` (build feature `tls`): HTTPS with rustls; `tokenizer` (build feature): Hugging Face tokenizers.
 //!
@@ -32,6 +34,7 @@ pub mod admin;
 #[cfg(feature = "tokenizer")]
 pub mod chat_template;
 pub mod config;
+pub mod engine_load;
 pub mod etcd_policy;
 pub mod handshake;
 pub mod health;
@@ -58,7 +61,10 @@ use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use config::{AdminToken, ConfigError, HealthConfig, RecordConfig, ReplicaSpec, RouterConfig, TlsConfig};
+pub use config::{
+    AdminToken, ConfigError, EngineMetricsConfig, HealthConfig, RecordConfig, ReplicaSpec, RouterConfig,
+    TlsConfig,
+};
 pub use etcd_policy::EtcdPolicySource;
 pub use routing_key::Tokenize;
 pub use state::RouterState;
@@ -88,6 +94,9 @@ pub async fn start(
         state.add_replica(spec).await.map_err(|error| anyhow::anyhow!("{error}"))?;
     }
     tokio::spawn(state::probe_loop(state.clone()));
+    if state.config.engine_metrics.enabled() {
+        tokio::spawn(engine_load::scrape_loop(state.clone()));
+    }
     if let Some(store) = &state.etcd_policy {
         // Serve with the store's policy from the first request when etcd answers now; the watcher retries
         // (and says so in /admin/state) when it does not.

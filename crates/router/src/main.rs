@@ -93,6 +93,13 @@ struct Cli {
     /// seconds (new connections are refused at once).
     #[arg(long, default_value_t = 30)]
     shutdown_grace_s: u64,
+    /// Read each replica's queue, running requests and KV usage from its /metrics every this many
+    /// milliseconds (off the request path; figures older than 4 intervals are ignored); 0 turns it off.
+    #[arg(long, default_value_t = 250)]
+    engine_metrics_ms: u64,
+    /// Time one /metrics scrape of a replica may take, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    engine_metrics_timeout_ms: u64,
     /// Health probe interval, in milliseconds.
     #[arg(long, default_value_t = 400)]
     health_interval_ms: u64,
@@ -191,6 +198,11 @@ async fn run(cli: Cli) -> Result<()> {
             ..RecordConfig::default()
         },
         kv_events_port_offset: cli.kv_events_port_offset,
+        engine_metrics: fleet_router::EngineMetricsConfig {
+            interval: Duration::from_millis(cli.engine_metrics_ms),
+            timeout: Duration::from_millis(cli.engine_metrics_timeout_ms),
+            ..Default::default()
+        },
         tokenizer: cli.tokenizer.clone(),
         chat_template: cli.chat_template.clone(),
         tls: cli

@@ -201,6 +201,10 @@ pub struct ReplicaGauges {
     pub kv_resyncs: u64,
     /// Pooled connections to it, idle.
     pub idle_connections: u64,
+    /// Its engine's own figures from its `/metrics`, with their age and whether they are stale.
+    pub engine: Option<crate::engine_load::EngineView>,
+    /// Engine-metrics scrapes that gave figures, and that failed.
+    pub engine_scrapes: (u64, u64),
 }
 
 /// The entry of the replica at `url` in a per-replica map, made on first use and kept for as long as the
@@ -453,7 +457,91 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{replica=\"{}\"}} {}", escape(&replica.url), value(replica));
             }
         }
+        render_engine_figures(&mut out, replicas);
         out
+    }
+}
+
+/// The replicas' engine figures (scraped from their `/metrics` when `--engine-metrics-ms` is on): a figure
+/// only for replicas whose engine gave it, the age and the stale flag for every scraped replica.
+fn render_engine_figures(out: &mut String, replicas: &[ReplicaGauges]) {
+    let scraped: Vec<(&ReplicaGauges, &crate::engine_load::EngineView)> =
+        replicas.iter().filter_map(|r| r.engine.as_ref().map(|view| (r, view))).collect();
+    if scraped.is_empty() {
+        return;
+    }
+    type Figure = fn(&crate::engine_load::EngineFigures) -> Option<f64>;
+    let figures: [(&str, &str, Figure); 3] = [
+        (
+            "fleet_router_replica_engine_waiting",
+            "Requests waiting in a replica's queue, by its own /metrics.",
+            |f| f.waiting,
+        ),
+        ("fleet_router_replica_engine_running", "Requests a replica is running, by its own /metrics.", |f| {
+            f.running
+        }),
+        (
+            "fleet_router_replica_engine_kv_usage",
+            "A replica's KV-cache usage (0 to 1), by its own /metrics.",
+            |f| f.kv_usage,
+        ),
+    ];
+    for (name, help, value) in figures {
+        family(out, name, "gauge", help);
+        for (replica, view) in &scraped {
+            if let Some(value) = view.figures.as_ref().and_then(value) {
+                let _ = writeln!(out, "{name}{{replica=\"{}\"}} {value}", escape(&replica.url));
+            }
+        }
+    }
+    family(
+        out,
+        "fleet_router_replica_engine_metrics_age_seconds",
+        "gauge",
+        "Age of a replica's latest engine figures (absent until one scrape succeeded).",
+    );
+    for (replica, view) in &scraped {
+        if let Some(age_ms) = view.age_ms {
+            let _ = writeln!(
+                out,
+                "fleet_router_replica_engine_metrics_age_seconds{{replica=\"{}\"}} {}",
+                escape(&replica.url),
+                age_ms as f64 / 1000.0
+            );
+        }
+    }
+    family(
+        out,
+        "fleet_router_replica_engine_metrics_stale",
+        "gauge",
+        "Whether a replica's engine figures are missing or too old to count (1): the policy then uses the \
+         router's own in-flight counts.",
+    );
+    for (replica, view) in &scraped {
+        let _ = writeln!(
+            out,
+            "fleet_router_replica_engine_metrics_stale{{replica=\"{}\"}} {}",
+            escape(&replica.url),
+            u8::from(view.stale)
+        );
+    }
+    family(
+        out,
+        "fleet_router_replica_engine_scrapes_total",
+        "counter",
+        "Scrapes of a replica's /metrics for its engine figures, by result.",
+    );
+    for (replica, _) in &scraped {
+        let (ok, failed) = replica.engine_scrapes;
+        let url = escape(&replica.url);
+        let _ = writeln!(
+            out,
+            "fleet_router_replica_engine_scrapes_total{{replica=\"{url}\",result=\"ok\"}} {ok}"
+        );
+        let _ = writeln!(
+            out,
+            "fleet_router_replica_engine_scrapes_total{{replica=\"{url}\",result=\"failed\"}} {failed}"
+        );
     }
 }
 
@@ -495,6 +583,8 @@ mod tests {
             kv_events: 0,
             kv_resyncs: 0,
             idle_connections: 3,
+            engine: None,
+            engine_scrapes: (0, 0),
         }];
         let text = metrics.render("cache_aware_approx", 3, &gauges, 7);
         assert!(

@@ -333,6 +333,7 @@ fn panic_route(
             eligible: true,
             outstanding: status.outstanding,
             prefill_tokens: status.prefill_tokens,
+            seen_load: None,
             load: Some(status.outstanding as f64),
             matched_blocks: None,
             score: None,

@@ -81,6 +81,8 @@ pub struct Replica {
     pub url_header: Option<axum::http::HeaderValue>,
     /// When (router ms) its `/v1/models` may be asked again while its model is unknown.
     next_model_lookup_ms: AtomicU64,
+    /// Its engine's own load figures, scraped from its `/metrics` ([`crate::engine_load`]).
+    pub engine_load: crate::engine_load::EngineLoad,
 }
 
 impl Replica {
@@ -560,6 +562,7 @@ impl RouterState {
             connections,
             url_header,
             next_model_lookup_ms: AtomicU64::new(0),
+            engine_load: crate::engine_load::EngineLoad::default(),
         });
         let mut groups = current.groups.clone();
         let mut replicas = current.replicas.clone();
@@ -578,7 +581,9 @@ impl RouterState {
             Some(group) => group.clone(),
             None => {
                 let policy = self.policy.load();
-                let engine = Engine::new(policy.spec.clone(), &[]).map_err(AddReplicaError::Policy)?;
+                let mut engine = Engine::new(policy.spec.clone(), &[]).map_err(AddReplicaError::Policy)?;
+                // Scraped engine figures count for a bounded time; then the policies use the own counts.
+                engine.set_metrics_max_age(self.config.engine_metrics.max_age_ms());
                 let group = Arc::new(Group {
                     model: model.clone(),
                     engine: Mutex::new(PolicyEngine {
@@ -811,15 +816,42 @@ impl RouterState {
         let fleet = self.fleet.load_full();
         let policy = self.policy.load_full();
         let mut replicas = Vec::new();
+        let now_ms = self.now_ms();
+        let max_age_ms = self.config.engine_metrics.max_age_ms();
         for replica in &fleet.replicas {
             let status = fleet
                 .groups
                 .get(&replica.model)
-                .and_then(|group| lock(&group.engine).engine.replica_status(replica.id));
-            let (outstanding, prefill_tokens, indexed_blocks) = status.map_or((0, 0, 0), |s| {
+                .and_then(|group| lock(&group.engine).engine.replica_status_at(replica.id, now_ms));
+            let (outstanding, prefill_tokens, indexed_blocks) = status.as_ref().map_or((0, 0, 0), |s| {
                 (s.outstanding, s.prefill_tokens, s.routed_index_blocks + s.kv_blocks[0])
             });
+            // The load the policy sees: the engine's fresh figures with this router's requests sent since,
+            // else this router's own in-flight count.
+            let seen = status.as_ref().and_then(|s| s.seen);
+            let load = serde_json::json!({
+                "own": outstanding,
+                "seen": seen.map_or(outstanding, |m| u64::from(m.queue_depth) + u64::from(m.running)),
+                "source": if seen.is_some() { "engine" } else { "own" },
+            });
+            let engine = self.config.engine_metrics.enabled().then(|| {
+                let view = replica.engine_load.view(now_ms, max_age_ms);
+                let figures = view.figures;
+                serde_json::json!({
+                    "waiting": figures.and_then(|f| f.waiting),
+                    "running": figures.and_then(|f| f.running),
+                    "kv_usage": figures.and_then(|f| f.kv_usage),
+                    "age_ms": view.age_ms,
+                    "stale": view.stale,
+                    "error": view.error,
+                    "scrapes_ok": replica.engine_load.scrapes_ok.load(Ordering::Relaxed),
+                    "scrapes_failed": replica.engine_load.scrapes_failed.load(Ordering::Relaxed),
+                    "scrapes_skipped": replica.engine_load.scrapes_skipped.load(Ordering::Relaxed),
+                })
+            });
             replicas.push(serde_json::json!({
+                "load": load,
+                "engine": engine,
                 "id": replica.id.0,
                 "url": replica.spec.url,
                 "model": replica.model,
@@ -909,6 +941,13 @@ impl RouterState {
                     kv_events: replica.kv_events.load(Ordering::Relaxed),
                     kv_resyncs: replica.kv_resyncs.load(Ordering::Relaxed),
                     idle_connections: replica.connections.idle_count() as u64,
+                    engine: self.config.engine_metrics.enabled().then(|| {
+                        replica.engine_load.view(self.now_ms(), self.config.engine_metrics.max_age_ms())
+                    }),
+                    engine_scrapes: (
+                        replica.engine_load.scrapes_ok.load(Ordering::Relaxed),
+                        replica.engine_load.scrapes_failed.load(Ordering::Relaxed),
+                    ),
                 }
             })
             .collect()

@@ -8,6 +8,8 @@ mod support;
 mod admin;
 #[path = "router/attacks.rs"]
 mod attacks;
+#[path = "router/engine_load.rs"]
+mod engine_load;
 #[path = "router/etcd.rs"]
 mod etcd;
 #[path = "router/features.rs"]

@@ -17,6 +17,10 @@ pub struct BenchArgs {
     /// Base URL of the OpenAI endpoint to measure: a router, a gateway or one replica.
     #[arg(long)]
     target: String,
+    /// Another endpoint of the same fleet (another router); repeat for each. Clients are spread over
+    /// --target and these: a trace session always through the same one, other requests by their index.
+    #[arg(long = "also-target", value_name = "URL")]
+    also_targets: Vec<String>,
     /// Trace to replay: Mooncake JSON Lines (timestamp ms, input_length, output_length, hash_ids).
     #[arg(long)]
     trace: PathBuf,
@@ -74,6 +78,7 @@ pub async fn run(args: BenchArgs, cancel: CancellationToken) -> Result<()> {
         .with_context(|| format!("--trace {} is not a usable trace", args.trace.display()))?;
     let config = BenchConfig {
         target: args.target.trim_end_matches('/').to_owned(),
+        also_targets: args.also_targets.iter().map(|t| t.trim_end_matches('/').to_owned()).collect(),
         api: args.api,
         model: args.model,
         speedup: args.speedup,
@@ -92,10 +97,15 @@ pub async fn run(args: BenchArgs, cancel: CancellationToken) -> Result<()> {
         / 1000.0
         / config.speedup;
     eprintln!(
-        "bench: {count} requests from {} over {span_s:.0} s ({}x) to {}",
+        "bench: {count} requests from {} over {span_s:.0} s ({}x) to {}{}",
         args.trace.display(),
         config.speedup,
-        config.target
+        config.target,
+        if config.also_targets.is_empty() {
+            String::new()
+        } else {
+            format!(" and {}", config.also_targets.join(", "))
+        }
     );
     let report = bench::run(&config, &trace, &args.trace.display().to_string(), cancel).await?;
     if args.json {

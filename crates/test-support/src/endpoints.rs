@@ -210,3 +210,88 @@ pub async fn refusing_replica(max_body: usize) -> Result<Endpoint> {
     )
     .await
 }
+
+/// What a [`MetricsReplica`]'s `/metrics` does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetricsMode {
+    /// vLLM's load gauges with these figures.
+    Load { waiting: u32, running: u32, kv_usage: f64 },
+    /// Accepts the request and never answers (a hung exporter).
+    Silent,
+    /// Answers 200 with this body, whatever it is (garbage, or more than a reader should take).
+    Body(String),
+}
+
+/// A replica that answers generations at once and whose `/metrics` the test sets ([`MetricsMode`]):
+/// figures of its choosing, silence, or any body. A fake because no engine's exporter hangs, lies or
+/// floods on demand.
+pub struct MetricsReplica {
+    pub endpoint: Endpoint,
+    mode: Arc<Mutex<MetricsMode>>,
+    scrapes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl MetricsReplica {
+    pub fn url(&self) -> String {
+        self.endpoint.url()
+    }
+
+    /// Changes what `/metrics` does from the next scrape on.
+    pub fn set(&self, mode: MetricsMode) {
+        *self.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = mode;
+    }
+
+    /// `/metrics` requests received so far.
+    pub fn scrapes(&self) -> u64 {
+        self.scrapes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// vLLM V1's load gauges (the names fleet-telemetry's vLLM table reads) for `model`.
+pub fn vllm_load_text(model: &str, waiting: u32, running: u32, kv_usage: f64) -> String {
+    format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{engine=\"0\",model_name=\"{model}\"}} {running}\n\
+         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{engine=\"0\",model_name=\"{model}\"}} {waiting}\n\
+         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"{model}\"}} {kv_usage}\n"
+    )
+}
+
+/// Starts a [`MetricsReplica`] serving `model` on a free loopback port.
+pub async fn metrics_replica(model: &str, mode: MetricsMode) -> Result<MetricsReplica> {
+    let mode = Arc::new(Mutex::new(mode));
+    let scrapes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (for_metrics, counter, name) = (mode.clone(), scrapes.clone(), model.to_owned());
+    let metrics = move || {
+        let (mode, counter, name) = (for_metrics.clone(), counter.clone(), name.clone());
+        async move {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let current = mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            match current {
+                MetricsMode::Load { waiting, running, kv_usage } => {
+                    vllm_load_text(&name, waiting, running, kv_usage)
+                }
+                MetricsMode::Silent => std::future::pending().await,
+                MetricsMode::Body(body) => body,
+            }
+        }
+    };
+    let models = serde_json::json!({"object": "list", "data": [{"id": model, "object": "model"}]});
+    let answer = r#"{"id":"fake","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+    let completion = move || async move { (StatusCode::OK, [("content-type", "application/json")], answer) };
+    let endpoint = serve(
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route("/v1/models", get(move || async move { axum::Json(models) }))
+            .route("/v1/chat/completions", post(completion))
+            .route("/v1/completions", post(completion))
+            .route("/health", get(|| async { StatusCode::OK })),
+    )
+    .await?;
+    Ok(MetricsReplica { endpoint, mode, scrapes })
+}

@@ -118,6 +118,31 @@ pub struct RouterReplica {
     pub routed_total: u64,
     pub errors_total: u64,
     pub indexed_blocks: u64,
+    /// The load the router's policy counts (routers from issue 35 on; `None` before).
+    pub load: Option<ReplicaLoad>,
+    /// The replica's engine figures as the router scraped them (`None`: scrapes off, or an older router).
+    pub engine: Option<EngineFigures>,
+}
+
+/// `load` of a replica in `/admin/state`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ReplicaLoad {
+    pub own: u64,
+    pub seen: u64,
+    pub source: String,
+}
+
+/// `engine` of a replica in `/admin/state`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct EngineFigures {
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    pub kv_usage: Option<f64>,
+    pub age_ms: Option<u64>,
+    pub stale: bool,
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

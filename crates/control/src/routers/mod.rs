@@ -8,6 +8,7 @@
 //! (`third_party`): its workers and own metrics, read-only.
 
 pub mod admin;
+pub mod agreement;
 pub mod headroom;
 pub mod heat;
 pub mod third_party;
@@ -292,6 +293,14 @@ impl Routers {
         lock(&self.inner.entries).iter().filter_map(|e| e.state.clone()).collect()
     }
 
+    /// The last state of every router that answered, with the router's URL.
+    pub(crate) fn states_by_router(&self) -> Vec<(String, RouterState)> {
+        lock(&self.inner.entries)
+            .iter()
+            .filter_map(|e| Some((e.client.url.clone(), e.state.clone()?)))
+            .collect()
+    }
+
     /// Each router's client with its replica names (id -> URL) from its last state.
     pub(crate) fn clients(&self) -> Vec<(AdminClient, HashMap<String, String>)> {
         // Third-party routers have no admin API: decisions, traces and pushes skip them.
@@ -359,7 +368,9 @@ impl Routers {
                 args.hotspot_share
             )));
         }
-        Ok(heat::build(&self.states(), self.sources(), args.hotspot_share, unix_ms_now()))
+        let mut map = heat::build(&self.states(), self.sources(), args.hotspot_share, unix_ms_now());
+        map.load_agreement = agreement::build(&self.states_by_router());
+        Ok(map)
     }
 
     /// The newest decisions of every router, newest first.

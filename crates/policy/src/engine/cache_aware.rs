@@ -94,6 +94,12 @@ fn matched(pick: &PickInProgress, position: usize) -> u32 {
     pick.candidates[position].matched_blocks.unwrap_or(0)
 }
 
+/// Requests a replica holds as the pick sees them: its fresh reported figures with this engine's requests
+/// sent since (other routers' load included), else this engine's outstanding count.
+fn held(candidate: &crate::decision::CandidateExplanation) -> u64 {
+    candidate.seen_load.map_or(candidate.outstanding, |load| load as u64)
+}
+
 fn share(matched: u32, prompt_blocks: usize) -> f64 {
     if prompt_blocks == 0 { 0.0 } else { f64::from(matched) / prompt_blocks as f64 }
 }
@@ -118,7 +124,7 @@ pub(super) fn approx(
     // `healthy` is never empty here (the pick would have failed), so both bounds are real loads.
     let (mut min, mut max) = (u64::MAX, 0);
     for &position in &pick.healthy {
-        let outstanding = pick.candidates[position].outstanding;
+        let outstanding = held(&pick.candidates[position]);
         min = min.min(outstanding);
         max = max.max(outstanding);
     }
@@ -129,7 +135,7 @@ pub(super) fn approx(
     let least_loaded = |pick: &mut PickInProgress| {
         fill_loads_and_pick_least(pick, LoadMetric::Requests);
         argmin_by(&pick.healthy, |p| {
-            (pick.candidates[p].outstanding, engine.routed_index.blocks_at(pick.slots[p]))
+            (held(&pick.candidates[p]), engine.routed_index.blocks_at(pick.slots[p]))
         })
     };
     if imbalanced {
@@ -146,13 +152,12 @@ pub(super) fn approx(
         return;
     }
     // Longest match, ties to the less loaded, then to engine order.
-    let best =
-        argmin_by(&pick.healthy, |p| (std::cmp::Reverse(matched(pick, p)), pick.candidates[p].outstanding));
+    let best = argmin_by(&pick.healthy, |p| (std::cmp::Reverse(matched(pick, p)), held(&pick.candidates[p])));
     let best_matched = matched(pick, best);
     let best_share = share(best_matched, prompt_blocks);
     if best_share > params.cache_threshold {
         for &position in &pick.healthy {
-            pick.candidates[position].load = Some(pick.candidates[position].outstanding as f64);
+            pick.candidates[position].load = Some(held(&pick.candidates[position]) as f64);
         }
         let reason = sentence(format_args!(
             "cache: {} holds {best_matched} of {prompt_blocks} prompt blocks ({}%), the longest match, above \
@@ -334,15 +339,19 @@ pub(super) fn weighted(
         PrefixSource::KvEvents => &engine.kv_indexes[Medium::Gpu.index()],
     };
     fill_matches(pick, index, view);
-    // Filters first: overloaded replicas (by their own reported metrics) are not eligible.
+    // Filters first: overloaded replicas (by their reported metrics, with this engine's requests sent
+    // since) are not eligible.
     let mut eligible = Vec::with_capacity(pick.healthy.len());
     let mut unreported = Vec::new();
     let mut stale = Vec::new();
+    let mut aged_out = Vec::new();
     for &position in &pick.healthy {
         let Some(state) = engine.slots[pick.slots[position] as usize].as_ref() else { continue };
-        match state.metrics {
-            Some((metrics, at_ms)) => {
-                if now_ms.saturating_sub(at_ms) > STALE_METRICS_MS {
+        match engine.seen_of(state, now_ms) {
+            Some(metrics) => {
+                if let Some((_, at_ms)) = state.metrics
+                    && now_ms.saturating_sub(at_ms) > STALE_METRICS_MS
+                {
                     stale.push(state.id);
                 }
                 if metrics.queue_depth > params.max_queue_depth {
@@ -362,6 +371,7 @@ pub(super) fn weighted(
                     continue;
                 }
             }
+            None if engine.metrics_aged_out(state, now_ms) => aged_out.push(state.id),
             None => unreported.push(state.id),
         }
         eligible.push(position);
@@ -370,6 +380,14 @@ pub(super) fn weighted(
         pick.notes.push(format!(
             "no metrics reported by {}: queue counted as 0, running as the router's outstanding count, KV usage as 0",
             name_list(&unreported)
+        ));
+    }
+    if !aged_out.is_empty() {
+        pick.notes.push(format!(
+            "metrics of {} older than {} ms were ignored: queue counted as 0, running as the router's \
+             outstanding count, KV usage as 0",
+            name_list(&aged_out),
+            engine.metrics_max_age_ms.unwrap_or(0)
         ));
     }
     if !stale.is_empty() {
@@ -386,7 +404,7 @@ pub(super) fn weighted(
         .iter()
         .map(|&position| {
             let state = engine.slots[pick.slots[position] as usize].as_ref();
-            let metrics = state.and_then(|s| s.metrics).map(|(m, _)| m);
+            let metrics = state.and_then(|s| engine.seen_of(s, now_ms));
             let queue = metrics.map_or(0.0, |m| f64::from(m.queue_depth));
             let running =
                 metrics.map_or(pick.candidates[position].outstanding as f64, |m| f64::from(m.running));

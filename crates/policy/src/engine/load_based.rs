@@ -9,7 +9,8 @@ use crate::spec::LoadMetric;
 pub(super) fn load_of(pick: &PickInProgress, position: usize, metric: LoadMetric) -> f64 {
     let candidate = &pick.candidates[position];
     match metric {
-        LoadMetric::Requests => candidate.outstanding as f64,
+        // Fresh reported metrics count the requests other routers sent too.
+        LoadMetric::Requests => candidate.seen_load.unwrap_or(candidate.outstanding as f64),
         LoadMetric::PrefillTokens => candidate.prefill_tokens as f64,
     }
 }

@@ -59,6 +59,10 @@ impl std::str::FromStr for Api {
 pub struct BenchConfig {
     /// Base URL of the OpenAI endpoint (a router, a gateway or one replica).
     pub target: String,
+    /// More endpoints of the same fleet (several routers): the clients are spread over `target` and these,
+    /// a trace session always to the same one (its conversation stays with one router), a request without
+    /// a session by its index.
+    pub also_targets: Vec<String>,
     pub api: Api,
     /// The `model` every request names; None asks the target's `/v1/models` (and leaves it out if that fails).
     pub model: Option<String>,
@@ -88,6 +92,7 @@ impl Default for BenchConfig {
     fn default() -> Self {
         Self {
             target: "http://127.0.0.1:8080".into(),
+            also_targets: Vec::new(),
             api: Api::Chat,
             model: None,
             speedup: 1.0,
@@ -135,11 +140,19 @@ impl BenchConfig {
         if !(self.target.starts_with("http://") || self.target.starts_with("https://")) {
             return fail("--target must be an http:// or https:// base URL, e.g. http://127.0.0.1:8080");
         }
+        if self.also_targets.iter().any(|t| !(t.starts_with("http://") || t.starts_with("https://"))) {
+            return fail("--also-target must be an http:// or https:// base URL, e.g. http://127.0.0.1:8081");
+        }
         Ok(())
     }
 
-    fn route(&self) -> String {
-        let base = self.target.trim_end_matches('/');
+    /// The generation route of every target: `target` first, then `also_targets`.
+    fn routes(&self) -> Vec<Arc<String>> {
+        std::iter::once(&self.target).chain(&self.also_targets).map(|t| Arc::new(self.route_of(t))).collect()
+    }
+
+    fn route_of(&self, target: &str) -> String {
+        let base = target.trim_end_matches('/');
         match self.api {
             Api::Chat => format!("{base}/v1/chat/completions"),
             Api::Completions => format!("{base}/v1/completions"),
@@ -184,7 +197,7 @@ pub async fn run(
 
     let records = &trace.records[..config.max_requests.unwrap_or(usize::MAX).min(trace.len())];
     let block_tokens = trace.block_tokens();
-    let url = Arc::new(config.route());
+    let routes = config.routes();
     let progress = Arc::new(Progress::default());
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
     let stop_progress = CancellationToken::new();
@@ -219,7 +232,11 @@ pub async fn run(
             max_tokens: record.output_length.max(1),
             index: index as u64,
         };
-        let (client, url, model, progress) = (client.clone(), url.clone(), model.clone(), progress.clone());
+        // Which client (target) sends it: a session's requests always go through the same one.
+        let client_of =
+            record.session.map_or(index as u64, |session| session.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32);
+        let url = routes[(client_of % routes.len() as u64) as usize].clone();
+        let (client, model, progress) = (client.clone(), model.clone(), progress.clone());
         let limits = RequestLimits::of(config);
         let (api, ignore_eos) = (config.api, config.ignore_eos);
         tasks.spawn(async move {

@@ -80,6 +80,39 @@ async fn bench_measures_a_replica_and_reads_its_prefix_hit_rate() -> Result<()> 
 }
 
 #[tokio::test]
+async fn bench_spreads_its_clients_over_every_target() -> Result<()> {
+    // Two replicas stand for two routers of one fleet: each target's requests land on its own replica.
+    let fleet = start_fleet(2, ReplicaConfig::default(), None).await?;
+    let dir = tempfile::tempdir()?;
+    let trace = shared_prefix_trace(dir.path(), 12)?;
+    let (first, second) = (fleet.url(0), fleet.url(1));
+    let (ok, stdout, stderr) = bench(&[
+        "--target",
+        first,
+        "--also-target",
+        second,
+        "--trace",
+        &trace.to_string_lossy(),
+        "--metrics",
+        first,
+        "--metrics",
+        second,
+        "--json",
+    ])
+    .await?;
+    ensure!(ok, "bench failed: {stderr}");
+    let report: Value = serde_json::from_str(&stdout).with_context(|| format!("not JSON: {stdout}"))?;
+    assert_eq!(report["completed"], 12, "{report:#}");
+    for replica in 0..2 {
+        // 6 requests of 64 prompt tokens each went through each target.
+        let queries = number(&report, &format!("/prefix_cache/replicas/{replica}/queries"));
+        assert!(queries >= 6.0 * 48.0, "replica {replica} saw {queries} prompt tokens: {report:#}");
+    }
+    assert!(stderr.contains(&format!("and {second}")), "{stderr}");
+    Ok(())
+}
+
+#[tokio::test]
 async fn bench_counts_failures_by_kind_and_overflow_at_its_in_flight_limit() -> Result<()> {
     let fleet = start_fleet(2, ReplicaConfig::default(), None).await?;
     fleet.fleet.set_faults(0, Faults { error_rate: 1.0, ..Faults::default() })?;

@@ -1,0 +1,145 @@
+//! Whether a fleet's routers agree on each replica's load: every router's view (the load its policy counts)
+//! beside the engine's own figure (waiting + running, as the router with the freshest scrape read it), and
+//! which routers are off. Pure: the routers' states come in as values.
+//!
+//! A router that cannot read a replica's `/metrics` (scrapes off, failing or stale) counts only its own
+//! requests there, so with several routers it under-counts by what the others sent: that is the
+//! disagreement this view exists to show.
+
+use std::collections::BTreeMap;
+
+use fleetdeck_api::{ReplicaLoadAgreement, RouterLoadView};
+
+use crate::routers::admin::RouterState;
+
+/// A view is off when it differs from the reference by more than this many requests...
+const TOLERANCE_REQUESTS: f64 = 2.0;
+/// ...and by more than this share of the reference.
+const TOLERANCE_SHARE: f64 = 0.25;
+
+fn off(view: f64, reference: f64) -> bool {
+    (view - reference).abs() > TOLERANCE_REQUESTS.max(TOLERANCE_SHARE * reference)
+}
+
+/// One entry per replica any router lists, in the order first listed.
+pub fn build(states: &[(String, RouterState)]) -> Vec<ReplicaLoadAgreement> {
+    let mut order: Vec<String> = Vec::new();
+    let mut by_replica: BTreeMap<String, ReplicaLoadAgreement> = BTreeMap::new();
+    for (router, state) in states {
+        for replica in &state.replicas {
+            let entry = by_replica.entry(replica.url.clone()).or_insert_with(|| {
+                order.push(replica.url.clone());
+                ReplicaLoadAgreement { replica: replica.url.clone(), ..Default::default() }
+            });
+            let engine = replica.engine.as_ref();
+            let stale = engine.is_none_or(|e| e.stale);
+            if let Some(figures) = engine.filter(|e| !e.stale)
+                && (figures.waiting.is_some() || figures.running.is_some())
+                && entry.engine_age_ms.is_none_or(|age| figures.age_ms.unwrap_or(u64::MAX) < age)
+            {
+                entry.engine = Some(figures.waiting.unwrap_or(0.0) + figures.running.unwrap_or(0.0));
+                entry.engine_age_ms = Some(figures.age_ms.unwrap_or(u64::MAX));
+            }
+            let (own, seen, source) = match &replica.load {
+                Some(load) => (load.own, load.seen, load.source.clone()),
+                // A router that reports no `load` (older than issue 35) counts its own requests only.
+                None => (replica.outstanding, replica.outstanding, "own".to_owned()),
+            };
+            entry.routers.push(RouterLoadView { router: router.clone(), own, seen, source, stale });
+        }
+    }
+    let mut agreements = Vec::with_capacity(order.len());
+    for url in order {
+        let Some(mut entry) = by_replica.remove(&url) else { continue };
+        let views: Vec<f64> = entry.routers.iter().map(|r| r.seen as f64).collect();
+        // The engine's own figure when a router has it fresh, else the largest view (a router never sees
+        // more than the replica holds, short of requests completed since its last scrape).
+        let (reference, against) = match entry.engine {
+            Some(engine) => (engine, "the engine holds"),
+            None => (views.iter().copied().fold(0.0, f64::max), "another router sees"),
+        };
+        let mut off_routers = Vec::new();
+        for view in &entry.routers {
+            if off(view.seen as f64, reference) {
+                let why = if view.source == "own" { "its own requests only" } else { "the engine's figures" };
+                off_routers.push(format!("{} sees {} ({why})", view.router, view.seen));
+            }
+        }
+        entry.disagree = !off_routers.is_empty();
+        if entry.disagree {
+            entry.note = Some(format!("{}; {against} {reference}", off_routers.join(", ")));
+        }
+        agreements.push(entry);
+    }
+    agreements
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routers::admin::parse_state;
+
+    /// A router's state listing one replica with the given `load` and `engine` JSON (or none).
+    fn state(load: &str, engine: &str) -> RouterState {
+        parse_state(
+            format!(
+                r#"{{"policy": {{"name": "least_load", "version": 1}}, "window_s": 60, "prefix_groups": [],
+                 "replicas": [{{"id": 0, "url": "http://r0", "outstanding": 1, "load": {load}, "engine": {engine}}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("a router state")
+    }
+
+    #[test]
+    fn routers_reading_the_engine_agree_and_one_on_its_own_counts_is_flagged() {
+        let fresh = r#"{"waiting": 3, "running": 6, "kv_usage": 0.4, "age_ms": 120, "stale": false}"#;
+        let older = r#"{"waiting": 2, "running": 6, "kv_usage": 0.4, "age_ms": 240, "stale": false}"#;
+        let stale = r#"{"waiting": 0, "running": 1, "age_ms": 9000, "stale": true, "error": "no answer"}"#;
+        let states = vec![
+            ("http://a".to_owned(), state(r#"{"own": 4, "seen": 10, "source": "engine"}"#, fresh)),
+            ("http://b".to_owned(), state(r#"{"own": 0, "seen": 8, "source": "engine"}"#, older)),
+        ];
+        let agreement = build(&states);
+        assert_eq!(agreement.len(), 1);
+        let replica = &agreement[0];
+        assert_eq!((replica.engine, replica.engine_age_ms), (Some(9.0), Some(120)), "the freshest scrape");
+        assert!(!replica.disagree, "10 and 8 against 9 are within tolerance: {replica:?}");
+        assert_eq!(replica.routers.len(), 2);
+        assert_eq!(replica.routers[1].own, 0);
+
+        // A third router whose scrapes went stale counts only its own request: it is flagged.
+        let mut states = states;
+        states.push(("http://c".to_owned(), state(r#"{"own": 1, "seen": 1, "source": "own"}"#, stale)));
+        let replica = &build(&states)[0];
+        assert!(replica.disagree, "{replica:?}");
+        assert!(replica.routers[2].stale);
+        let note = replica.note.as_deref().unwrap_or_default();
+        assert!(note.contains("http://c sees 1 (its own requests only)"), "{note}");
+        assert!(!note.contains("http://a"), "{note}");
+        assert!(note.contains("the engine holds 9"), "{note}");
+    }
+
+    #[test]
+    fn without_engine_figures_routers_are_compared_with_each_other() {
+        // Older routers (no `load`, no `engine`): their outstanding counts are all they see.
+        let old = |outstanding: u64| {
+            parse_state(
+                format!(
+                    r#"{{"policy": {{"name": "p", "version": 1}}, "replicas": [{{"id": 0, "url": "http://r0", "outstanding": {outstanding}}}]}}"#
+                )
+                .as_bytes(),
+            )
+            .expect("a router state")
+        };
+        let states = vec![("http://a".to_owned(), old(12)), ("http://b".to_owned(), old(1))];
+        let replica = &build(&states)[0];
+        assert_eq!(replica.engine, None);
+        assert!(replica.disagree, "{replica:?}");
+        assert_eq!(replica.routers[0].source, "own");
+        let note = replica.note.as_deref().unwrap_or_default();
+        assert!(note.contains("http://b sees 1") && note.contains("another router sees 12"), "{note}");
+        let agreeing = vec![("http://a".to_owned(), old(3)), ("http://b".to_owned(), old(2))];
+        assert!(!build(&agreeing)[0].disagree);
+    }
+}

@@ -1,0 +1,212 @@
+//! `cargo xtask bench routers`: many routers, one fleet. For each policy, 1 and then 4 fleet-routers over
+//! the same cold fleet (8 `fleet-sim` replicas, as `bench peers` starts them: Llama 3.1 8B on H100 profile,
+//! 10,000 KV blocks each, KV events on), with the clients of one `fleet-sim bench` run spread over the
+//! routers (a trace session always through the same router, as a client keeps its connection). Per row: the
+//! fleet's prefix hit rate (the replicas' own /metrics deltas) and client-side TTFT p50/p95; then 4 routers
+//! against 1 per policy, against the issue's goal (at most 2 points fewer hits, TTFT p95 at most 1.15x).
+//!
+//! What the routers share comes from the engines only, never from each other: every router scrapes each
+//! replica's /metrics (`--engine-metrics-ms`, on by default) for the queue, running requests and KV usage
+//! that the other routers' requests make, and every router subscribes to each replica's KV events (the
+//! replicas' ZMQ PUB sockets fan out to any number of subscribers), so kv_precise routers all hold the same
+//! prefix ownership. The approximate trees (cache_aware_approx, weighted_scorers' routed index) learn only
+//! from their own router's decisions: with 4 routers each sees a quarter of the prompts.
+//!
+//! The workload is the `fleet-sim gen` trace of `bench peers` (tenants with hot system prompts, sessions, RAG
+//! documents) at 12 req/s, and the first requests of the Mooncake trace in `../shared/traces` when it is
+//! there. FLEET_ROUTERS_REQUESTS (default 300) and FLEET_ROUTERS_POLICIES (comma-separated) narrow a run;
+//! FLEET_ROUTERS_COUNTS (default `1,4`) sets the router counts. Not part of CI: it is a benchmark.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::peers::{self, Fleet, REPLICAS, Row, Workload, cell};
+use crate::procs::{Guard, free_port};
+use crate::{Result, cargo, root, run, target_dir};
+
+const POLICIES: [&str; 5] =
+    ["round_robin", "least_load", "cache_aware_approx", "kv_precise", "weighted_scorers"];
+
+fn env_list(name: &str) -> Option<Vec<String>> {
+    let value = std::env::var(name).ok()?;
+    let items: Vec<String> =
+        value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
+    (!items.is_empty()).then_some(items)
+}
+
+pub fn run_routers() -> Result<()> {
+    run(cargo(), &["build", "--release", "-p", "fleet-sim", "-p", "fleet-router"], &[])?;
+    let bin = target_dir().join("release");
+    let dir = std::env::temp_dir().join(format!("fleet-routers-bench-{}", std::process::id()));
+    fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let requests: usize = std::env::var("FLEET_ROUTERS_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(300);
+    let policies: Vec<String> = env_list("FLEET_ROUTERS_POLICIES")
+        .unwrap_or_else(|| POLICIES.iter().map(|p| (*p).to_owned()).collect());
+    let counts: Vec<usize> = env_list("FLEET_ROUTERS_COUNTS")
+        .map(|list| list.iter().filter_map(|c| c.parse().ok()).filter(|c| *c > 0).collect())
+        .unwrap_or_else(|| vec![1, 4]);
+
+    let mut workloads = Vec::new();
+    let gen_trace = dir.join("gen.jsonl");
+    let status = Command::new(bin.join("fleet-sim"))
+        .args(["gen", "--requests", &requests.to_string(), "--rate", "12", "--seed", "7"])
+        .args(["--out", &gen_trace.to_string_lossy()])
+        .status()
+        .map_err(|e| format!("cannot run fleet-sim gen: {e}"))?;
+    if !status.success() {
+        return Err("fleet-sim gen failed".into());
+    }
+    workloads.push(Workload { name: "gen", trace: gen_trace, speedup: 1.0, max_requests: requests });
+    let mooncake = root().join("../shared/traces/synthetic_trace.jsonl");
+    if mooncake.exists() {
+        workloads.push(Workload { name: "mooncake", trace: mooncake, speedup: 4.0, max_requests: requests });
+    } else {
+        println!("(no Mooncake trace at {}: that workload is skipped)", mooncake.display());
+    }
+
+    let started = Instant::now();
+    let mut rows: BTreeMap<(&'static str, String, usize), Row> = BTreeMap::new();
+    for workload in &workloads {
+        for policy in &policies {
+            for &count in &counts {
+                println!(
+                    "\n== {policy} x {count} router(s) on {} ({:.0} s so far)",
+                    workload.name,
+                    started.elapsed().as_secs_f64()
+                );
+                let fleet = peers::start_fleet(&bin, &dir)?;
+                let mut routers = Vec::new();
+                for i in 0..count {
+                    routers.push(start_router(&bin, &dir, policy, &fleet, i)?);
+                }
+                let urls: Vec<String> = routers.iter().map(|(_, url)| url.clone()).collect();
+                let row = peers::bench_spread(&bin, &urls, workload, &fleet)?;
+                println!(
+                    "   hit rate {}%, TTFT p50 {} ms, p95 {} ms, errors {}",
+                    cell(row.hit_rate.map(|h| h * 100.0), 1),
+                    cell(row.ttft_p50_ms, 0),
+                    cell(row.ttft_p95_ms, 0),
+                    row.errors
+                );
+                rows.insert((workload.name, policy.clone(), count), row);
+                drop(routers);
+                drop(fleet);
+            }
+        }
+    }
+    print_table(&workloads, &policies, &counts, &rows);
+    println!("\nwhole run: {:.0} s", started.elapsed().as_secs_f64());
+    let _ = fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Starts fleet-router number `index` over the whole fleet with `policy` (KV events from every replica,
+/// engine metrics scraped at the default interval); waits until it answers.
+fn start_router(
+    bin: &Path,
+    dir: &Path,
+    policy: &str,
+    fleet: &Fleet,
+    index: usize,
+) -> Result<(Guard, String)> {
+    let port = free_port()?;
+    let policy_file = dir.join(format!("{policy}.json"));
+    fs::write(&policy_file, format!(r#"{{"policy": "{policy}"}}"#)).map_err(|e| e.to_string())?;
+    let mut args = vec![
+        "--listen".to_owned(),
+        format!("127.0.0.1:{port}"),
+        "--policy-file".to_owned(),
+        policy_file.to_string_lossy().into(),
+    ];
+    for (url, (kv, replay)) in fleet.urls.iter().zip(&fleet.kv) {
+        args.push("--replica".to_owned());
+        args.push(format!("{url},kv={kv},kv_replay={replay}"));
+    }
+    let log_path = dir.join(format!("router-{index}.log"));
+    let log = fs::File::create(&log_path).map_err(|e| e.to_string())?;
+    let log_err = log.try_clone().map_err(|e| e.to_string())?;
+    let child = Command::new(bin.join("fleet-router"))
+        .args(&args)
+        .stdout(log)
+        .stderr(Stdio::from(log_err))
+        .spawn()
+        .map_err(|e| format!("cannot start fleet-router: {e}"))?;
+    let guard = Guard(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while peers::http_status(port, "/v1/models") != Some(200) {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "fleet-router {index} did not answer within 60 s; see {}",
+                log_path.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok((guard, format!("http://127.0.0.1:{port}")))
+}
+
+fn print_table(
+    workloads: &[Workload],
+    policies: &[String],
+    counts: &[usize],
+    rows: &BTreeMap<(&'static str, String, usize), Row>,
+) {
+    println!(
+        "\nfleet: {REPLICAS} fleet-sim replicas ({} KV blocks of 16 tokens each, KV events on), cold for every row; \
+         clients of one fleet-sim bench spread over the routers by session; hit rate: replicas' /metrics deltas; \
+         TTFT: client side",
+        peers::KV_BLOCKS
+    );
+    println!(
+        "{:<9} {:<20} {:>7} {:>8} {:>10} {:>10} {:>7} {:>12} {:>10}",
+        "workload", "policy", "routers", "hit rate", "TTFT p50", "TTFT p95", "errors", "hit vs 1", "p95 vs 1"
+    );
+    let mut verdicts = Vec::new();
+    for workload in workloads {
+        for policy in policies {
+            let one = rows.get(&(workload.name, policy.clone(), 1));
+            for &count in counts {
+                let Some(row) = rows.get(&(workload.name, policy.clone(), count)) else { continue };
+                let (hit_delta, p95_ratio) = match one {
+                    Some(one) if count > 1 => (
+                        row.hit_rate.zip(one.hit_rate).map(|(n, o)| (n - o) * 100.0),
+                        row.ttft_p95_ms.zip(one.ttft_p95_ms).map(|(n, o)| n / o),
+                    ),
+                    _ => (None, None),
+                };
+                println!(
+                    "{:<9} {:<20} {:>7} {:>7}% {:>7} ms {:>7} ms {:>7} {:>9} pt {:>9}x",
+                    workload.name,
+                    policy,
+                    count,
+                    cell(row.hit_rate.map(|h| h * 100.0), 1),
+                    cell(row.ttft_p50_ms, 0),
+                    cell(row.ttft_p95_ms, 0),
+                    row.errors,
+                    hit_delta.map_or_else(|| "-".to_owned(), |d| format!("{d:+.1}")),
+                    cell(p95_ratio, 2),
+                );
+                if let (Some(delta), Some(ratio)) = (hit_delta, p95_ratio) {
+                    // The goal bounds the loss: more hits or a lower p95 with 4 routers meets it.
+                    let met = delta >= -2.0 && ratio <= 1.15;
+                    verdicts.push(format!(
+                        "{}: {policy} {count} routers vs 1: hit rate {delta:+.1} points, TTFT p95 {ratio:.2}x: {}",
+                        workload.name,
+                        if met { "met" } else { "MISSED (goal: at most 2 points fewer hits, p95 at most 1.15x)" }
+                    ));
+                }
+            }
+        }
+    }
+    println!();
+    for line in verdicts {
+        println!("{line}");
+    }
+}
