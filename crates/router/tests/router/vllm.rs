@@ -39,19 +39,26 @@ fn http() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(180)).build().expect("a client")
 }
 
-/// Sends one request to each server directly and waits until the router has applied KV events from all
-/// of them: the subscriptions are live, so no later event is missed.
+/// Sends requests to each server directly until the router has applied KV events from all of them: the
+/// subscriptions are live, so no later event is missed. Each attempt's prompt is new (a repeated one would be
+/// a cache hit and publish nothing), so events published before a subscription was live (as after a restart,
+/// when the router resubscribes within a second of the engine's publisher starting) are made up for.
 async fn await_subscriptions(router: &TestRouter, servers: &[&VllmServer]) -> Result<()> {
     let client = http();
-    for server in servers {
-        let body =
-            json!({"model": VLLM_MODEL, "prompt": "warm up the event stream ".repeat(12), "max_tokens": 2});
-        client.post(format!("{}/v1/completions", server.url)).json(&body).send().await?.bytes().await?;
-    }
+    let attempt = std::sync::atomic::AtomicU64::new(0);
     eventually("the router to apply KV events from every vLLM server", Duration::from_secs(60), || async {
         let state = router.state.state_document();
         let replicas = state["replicas"].as_array().context("replicas")?;
-        Ok(replicas.iter().all(|r| r["indexed_blocks"].as_u64() > Some(0)).then_some(()))
+        if replicas.iter().all(|r| r["indexed_blocks"].as_u64() > Some(0)) {
+            return Ok(Some(()));
+        }
+        let n = attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for server in servers {
+            let prompt = format!("warm up the event stream, attempt {n}: ").repeat(12);
+            let body = json!({"model": VLLM_MODEL, "prompt": prompt, "max_tokens": 2});
+            client.post(format!("{}/v1/completions", server.url)).json(&body).send().await?.bytes().await?;
+        }
+        Ok(None)
     })
     .await
 }
