@@ -177,6 +177,15 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     .await?;
     assert!(warning.contains("Hotspot") && warning.contains("of all traffic"), "{warning}");
     assert!(!browser.find_all(Locator::Css("td.hot")).await?.is_empty(), "the hot cell is marked");
+    // The router reads the replicas' own /metrics: beside each replica's engine figure, its view of the load.
+    let agreement =
+        eventually("the router's view of load beside the engines'", Duration::from_secs(30), || async {
+            let rows = texts(&browser, "[data-testid=agreement-row]").await?;
+            Ok((rows.len() == 4 && rows.iter().all(|r| r.contains("seen") && r.contains("s ago")))
+                .then_some(rows))
+        })
+        .await?;
+    assert!(agreement.iter().all(|r| r.contains("engine") || r.contains("own")), "{agreement:?}");
     screenshot(&browser, "view-heat.png").await?;
 
     // ---- decisions: each shows its branch and every candidate with matched blocks

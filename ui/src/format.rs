@@ -223,6 +223,22 @@ pub fn verdict_words(verdict: &str) -> &'static str {
     }
 }
 
+/// One router's view of a replica's load, for the agreement table: what its policy counts and where that
+/// comes from ("7 seen · 2 own · engine"), marked when its engine figures are stale.
+pub fn router_load_view(view: &fleetdeck_api::RouterLoadView) -> String {
+    let stale = if view.stale { " · stale" } else { "" };
+    format!("{} seen · {} own · {}{stale}", view.seen, view.own, view.source)
+}
+
+/// The engine's own load figure of a replica and its age ("9 (0.3 s ago)"), or why there is none.
+pub fn engine_load(engine: Option<f64>, age_ms: Option<u64>) -> String {
+    match (engine, age_ms) {
+        (Some(load), Some(age)) => format!("{load:.0} ({:.1} s ago)", age as f64 / 1000.0),
+        (Some(load), None) => format!("{load:.0}"),
+        (None, _) => "no fresh figures".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,5 +419,23 @@ mod tests {
         );
         assert!(guard_line(&reading("hit_rate", None, None)).starts_with("hit rate: canary"));
         assert_eq!(verdict_words("not_enough_data"), "not enough data: will not promote");
+    }
+
+    #[test]
+    fn a_routers_view_of_load_says_its_source_and_staleness() {
+        let mut view = fleetdeck_api::RouterLoadView {
+            router: "http://127.0.0.1:9000".into(),
+            own: 2,
+            seen: 7,
+            source: "engine".into(),
+            stale: false,
+        };
+        assert_eq!(router_load_view(&view), "7 seen · 2 own · engine");
+        view.source = "own".into();
+        view.stale = true;
+        view.seen = 2;
+        assert_eq!(router_load_view(&view), "2 seen · 2 own · own · stale");
+        assert_eq!(engine_load(Some(9.0), Some(340)), "9 (0.3 s ago)");
+        assert_eq!(engine_load(None, None), "no fresh figures");
     }
 }

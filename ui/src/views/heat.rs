@@ -1,6 +1,8 @@
 //! Prefix-cache heat map (`#/heat`): replicas x the routers' top prefix groups, each cell the
 //! blocks the replica has cached for the group or the share of the group's prompt blocks that
-//! hit there; a hotspot warning above it when one replica carries too much of the traffic.
+//! hit there; a hotspot warning above it when one replica carries too much of the traffic; and, below
+//! it, whether the fleet's routers agree on each replica's load (each router's view beside the engine's
+//! own figure).
 
 use fleetdeck_api::{CMD_HEAT_MAP, HeatMap, HeatMapArgs};
 use leptos::prelude::*;
@@ -113,6 +115,7 @@ pub fn HeatView(last_update: RwSignal<Option<i64>>) -> impl IntoView {
                 </div>
                 {move || heat_table(heat.data, cell_value)}
             </div>
+            {move || agreement_table(heat.data)}
         </section>
     }
 }
@@ -216,5 +219,83 @@ fn heat_table(data: RwSignal<Option<HeatMap>>, cell_value: RwSignal<CellValue>) 
             </div>
         }
         .into_any()
+    })
+}
+
+/// The routers' agreement on each replica's load: a row per replica, the engine's own figure, then each
+/// router's view; rows where some router is off are marked and say which. Shown once a router reports
+/// engine figures or there are several routers to compare.
+fn agreement_table(data: RwSignal<Option<HeatMap>>) -> Option<AnyView> {
+    data.with(|h| {
+        let h = h.as_ref()?;
+        let routers: Vec<String> = h.routers.iter().map(|r| r.url.clone()).collect();
+        let informative = routers.len() > 1 || h.load_agreement.iter().any(|a| a.engine.is_some());
+        if h.load_agreement.is_empty() || !informative {
+            return None;
+        }
+        let disagreeing = h.load_agreement.iter().filter(|a| a.disagree).count();
+        let header = routers
+            .iter()
+            .map(|r| view! { <th title=r.clone()>{format!("seen by {}", format::short_url(r))}</th> })
+            .collect_view();
+        let rows = h
+            .load_agreement
+            .iter()
+            .map(|a| {
+                let cells = routers
+                    .iter()
+                    .map(|r| {
+                        let text = a
+                            .routers
+                            .iter()
+                            .find(|v| &v.router == r)
+                            .map_or_else(|| "not listed".to_owned(), format::router_load_view);
+                        view! { <td class="mono">{text}</td> }
+                    })
+                    .collect_view();
+                let status = if a.disagree {
+                    a.note.clone().unwrap_or_else(|| "routers disagree".to_owned())
+                } else {
+                    "agree".to_owned()
+                };
+                view! {
+                    <tr class:hot=a.disagree data-testid="agreement-row">
+                        <td class="mono" title=a.replica.clone()>{format::short_url(&a.replica).to_owned()}</td>
+                        <td class="num">{format::engine_load(a.engine, a.engine_age_ms)}</td>
+                        {cells}
+                        <td data-testid="agreement-status">{status}</td>
+                    </tr>
+                }
+            })
+            .collect_view();
+        Some(
+            view! {
+                <div class="card" data-testid="load-agreement">
+                    <div class="card-head">
+                        <h2>"Routers' view of load"</h2>
+                        <span class="card-meta">
+                            {format!(
+                                "requests each router counts on each replica, beside the engine's own waiting + running; {disagreeing} of {} replicas disagree",
+                                h.load_agreement.len()
+                            )}
+                        </span>
+                    </div>
+                    <div class="table-wrap">
+                        <table class="replicas">
+                            <thead>
+                                <tr>
+                                    <th>"Replica"</th>
+                                    <th class="num">"Engine"</th>
+                                    {header}
+                                    <th>"Agreement"</th>
+                                </tr>
+                            </thead>
+                            <tbody>{rows}</tbody>
+                        </table>
+                    </div>
+                </div>
+            }
+            .into_any(),
+        )
     })
 }
