@@ -147,20 +147,7 @@ pub struct Engine {
     ring: Vec<(u64, u32)>,
     /// Reported metrics older than this are ignored (`None`: they never age out).
     metrics_max_age_ms: Option<u64>,
-    /// Moving means of the prefill blocks and prompt blocks of the requests this engine routed: the size
-    /// the load guard gives a request other routers sent, which only the replica's reported counts show.
-    routed_size: Option<RoutedSize>,
 }
-
-/// Moving means of routed requests' sizes, in blocks (see `Engine::routed_size`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct RoutedSize {
-    prefill_blocks: f64,
-    prompt_blocks: f64,
-}
-
-/// Weight of each routed request in [`RoutedSize`]'s moving means: about the last 32 requests count.
-const ROUTED_SIZE_WEIGHT: f64 = 1.0 / 32.0;
 
 impl Engine {
     /// An engine running `spec` over `replicas` (duplicates are ignored), all healthy and idle.
@@ -179,7 +166,6 @@ impl Engine {
             last_routed_slot: None,
             ring: Vec::new(),
             metrics_max_age_ms: None,
-            routed_size: None,
         };
         engine.apply_capacities();
         for replica in replicas {
@@ -286,58 +272,6 @@ impl Engine {
             running: clamp(running),
             kv_usage: metrics.kv_usage,
         })
-    }
-
-    /// Requests on a replica that this engine did not send, as its fresh reported metrics show them at
-    /// `now_ms`: (queued, running), each what the seen load holds beyond this engine's own outstanding
-    /// requests, split in the reported queue:running proportion. `None` without fresh metrics.
-    fn foreign_requests(&self, slot: u32, now_ms: u64) -> Option<(f64, f64)> {
-        let state = self.slots.get(slot as usize)?.as_ref()?;
-        let seen = self.seen_of(state, now_ms)?;
-        let (queued, running) = (f64::from(seen.queue_depth), f64::from(seen.running));
-        let foreign = (queued + running - state.outstanding as f64).max(0.0);
-        if foreign == 0.0 {
-            return Some((0.0, 0.0));
-        }
-        let queued_share = queued / (queued + running);
-        Some((foreign * queued_share, foreign * (1.0 - queued_share)))
-    }
-
-    /// The load guard's expected wait on `replica` at `now_ms`, in blocks of prefill, for a prompt of
-    /// `prompt_blocks` (see the load guard's module docs): its own queued prefill, `decode_wait_weight` per
-    /// block its decoding requests hold, and what other routers' requests weigh by its fresh metrics.
-    pub fn expected_wait_blocks(
-        &self,
-        replica: ReplicaId,
-        now_ms: u64,
-        prompt_blocks: u64,
-        decode_wait_weight: f64,
-    ) -> Option<f64> {
-        let slot = *self.slot_of.get(&replica)?;
-        let (own, foreign) = self.wait_blocks_of_slot(slot, now_ms, prompt_blocks, decode_wait_weight);
-        Some(own + foreign)
-    }
-
-    /// [`Engine::expected_wait_blocks`] by slot, as (this engine's requests, other routers' requests).
-    pub(crate) fn wait_blocks_of_slot(
-        &self,
-        slot: u32,
-        now_ms: u64,
-        prompt_blocks: u64,
-        decode_wait_weight: f64,
-    ) -> (f64, f64) {
-        let Some(state) = self.slots.get(slot as usize).and_then(Option::as_ref) else { return (0.0, 0.0) };
-        let own = state.active_prefill_blocks as f64 + decode_wait_weight * state.active_decode_blocks as f64;
-        // A request another router sent weighs what this engine's requests weigh on average; before this
-        // engine routed any, what this one would.
-        let size = self.routed_size.unwrap_or(RoutedSize {
-            prefill_blocks: prompt_blocks as f64,
-            prompt_blocks: prompt_blocks as f64,
-        });
-        let foreign = self.foreign_requests(slot, now_ms).map_or(0.0, |(queued, running)| {
-            queued * size.prefill_blocks + decode_wait_weight * running * size.prompt_blocks
-        });
-        (own, foreign)
     }
 
     /// Whether a replica's metrics were reported but are too old to count at `now_ms`.
@@ -483,14 +417,6 @@ impl Engine {
         let cached = cached_index.match_location(slot, &view.block_hashes) as u64;
         let prompt_blocks = view.block_hashes.len() as u64;
         let prefill_blocks = prompt_blocks.saturating_sub(cached);
-        let (prefill, prompt) = (prefill_blocks as f64, prompt_blocks as f64);
-        self.routed_size = Some(match self.routed_size {
-            None => RoutedSize { prefill_blocks: prefill, prompt_blocks: prompt },
-            Some(mean) => RoutedSize {
-                prefill_blocks: mean.prefill_blocks + ROUTED_SIZE_WEIGHT * (prefill - mean.prefill_blocks),
-                prompt_blocks: mean.prompt_blocks + ROUTED_SIZE_WEIGHT * (prompt - mean.prompt_blocks),
-            },
-        });
         let tracks_pending = matches!(self.policy, ResolvedPolicy::KvPrecise(_));
         let (slot, state) = self.state_mut(replica)?;
         state.outstanding += 1;
@@ -679,15 +605,15 @@ impl Engine {
             // The cache-aware policies decide, then the shared load guard reviews the choice.
             ResolvedPolicy::CacheAwareApprox(p) => {
                 cache_aware::approx(self, &mut pick, p, view);
-                load_guard::review(self, &mut pick, &p.guard, view, now_ms);
+                load_guard::review(self, &mut pick, &p.guard, view);
             }
             ResolvedPolicy::KvPrecise(p) => {
                 cache_aware::precise(self, &mut pick, p, view, rng);
-                load_guard::review(self, &mut pick, &p.guard, view, now_ms);
+                load_guard::review(self, &mut pick, &p.guard, view);
             }
             ResolvedPolicy::WeightedScorers(p) => {
                 cache_aware::weighted(self, &mut pick, p, view, now_ms);
-                load_guard::review(self, &mut pick, &p.guard, view, now_ms);
+                load_guard::review(self, &mut pick, &p.guard, view);
             }
         }
         Ok(pick.finish(self.policy.name(), view))
@@ -844,39 +770,6 @@ mod tests {
         let mut engine = Engine::new(PolicySpec::named("least_load"), &ids(2)).expect("valid");
         engine.on_routed(1, ReplicaId(1), &view, 0).expect("routed");
         assert_eq!(engine.pending_index().distinct_blocks(), 0);
-    }
-
-    #[test]
-    fn the_load_guard_counts_what_other_routers_queued_on_a_prefix_owner() {
-        // cache_aware_approx learns a prefix on replica 0 from its own pick, and the request completes.
-        let mut engine = Engine::new(PolicySpec::named("cache_aware_approx"), &ids(2)).expect("valid");
-        engine.set_metrics_max_age(Some(1_000));
-        let mut rng = StdRng::seed_from_u64(1);
-        let view = RequestView { block_hashes: (1..=40).collect(), prompt_tokens: 640, session_key: None };
-        engine.on_routed(0, ReplicaId(0), &view, 0).expect("routed");
-        engine.on_first_token(0, 10).expect("first token");
-        engine.on_completed(0, 20).expect("completed");
-        let owner = engine.pick(&view, 30, &mut rng).expect("pick");
-        assert_eq!(owner.replica, ReplicaId(0), "{}", owner.reason);
-        // Other routers queue six requests on the owner: only its reported figures say so. Each counts as
-        // a request this engine routed (40 blocks to prefill), far past spread_wait_blocks (32).
-        let busy = ReplicaMetrics { queue_depth: 6, running: 0, kv_usage: 0.4 };
-        engine.set_metrics(ReplicaId(0), busy, 40).expect("known");
-        engine.set_metrics(ReplicaId(1), ReplicaMetrics::default(), 40).expect("known");
-        let spread = engine.pick(&view, 50, &mut rng).expect("pick");
-        assert_eq!(spread.replica, ReplicaId(1), "{}", spread.reason);
-        assert_eq!(spread.branch, Branch::Balance);
-        assert!(spread.reason.contains("from other routers"), "{}", spread.reason);
-        // Once those figures age out the owner is back: the guard never acts on stale reports.
-        let back = engine.pick(&view, 1_100, &mut rng).expect("pick");
-        assert_eq!(back.replica, ReplicaId(0), "{}", back.reason);
-        // Running requests of other routers weigh decode_wait_weight (0.1) x 40 blocks each: eight of
-        // them (32 blocks) are within the bound, so the owner keeps the prefix.
-        let decoding = ReplicaMetrics { queue_depth: 0, running: 8, kv_usage: 0.4 };
-        engine.set_metrics(ReplicaId(0), decoding, 1_200).expect("known");
-        engine.set_metrics(ReplicaId(1), ReplicaMetrics::default(), 1_200).expect("known");
-        let kept = engine.pick(&view, 1_250, &mut rng).expect("pick");
-        assert_eq!(kept.replica, ReplicaId(0), "{}", kept.reason);
     }
 
     #[test]

@@ -12,11 +12,6 @@
 //! request counts, which say nothing of how long the queued prompts are; Dynamo's cost counts the blocks
 //! but weighs cache overlap so strongly (overlap_weight 4) that a hot prefix's owner wins until it is
 //! several prompts behind. The guard states the trade in the one unit that matters for TTFT and bounds it.
-//!
-//! Requests other routers sent are in no count of this engine's: where a replica's reported metrics are
-//! fresh, what they hold beyond this engine's own outstanding requests is added, queued ones as the mean
-//! prefill of the requests this engine routed and running ones as `decode_wait_weight` x its mean prompt,
-//! so that several routers over one fleet do not each pile onto an owner the others already fill.
 
 use super::cache_aware::Fixed;
 use super::{Engine, PickInProgress, argmin_by};
@@ -29,8 +24,6 @@ use crate::spec::LoadGuardParams;
 struct Start {
     wait: f64,
     uncached: u64,
-    /// Of `wait`, the blocks counted for requests other routers sent (reported metrics only).
-    foreign: f64,
 }
 
 impl Start {
@@ -45,12 +38,12 @@ fn start_of(
     guard: &LoadGuardParams,
     position: usize,
     prompt_blocks: u64,
-    now_ms: u64,
 ) -> Start {
-    let (own, foreign) =
-        engine.wait_blocks_of_slot(pick.slots[position], now_ms, prompt_blocks, guard.decode_wait_weight);
+    let wait = engine.slots[pick.slots[position] as usize].as_ref().map_or(0.0, |s| {
+        s.active_prefill_blocks as f64 + guard.decode_wait_weight * s.active_decode_blocks as f64
+    });
     let matched = u64::from(pick.candidates[position].matched_blocks.unwrap_or(0));
-    Start { wait: own + foreign, uncached: prompt_blocks.saturating_sub(matched), foreign }
+    Start { wait, uncached: prompt_blocks.saturating_sub(matched) }
 }
 
 /// Reviews the policy's choice in `pick` (already decided, matches filled) and moves it when the chosen
@@ -60,7 +53,6 @@ pub(super) fn review(
     pick: &mut PickInProgress,
     guard: &LoadGuardParams,
     view: &RequestView,
-    now_ms: u64,
 ) {
     if !guard.enabled {
         return;
@@ -74,30 +66,25 @@ pub(super) fn review(
         eligible = pick.healthy.clone();
     }
     let chosen = pick.chosen;
-    let owner = start_of(engine, pick, guard, chosen, prompt_blocks, now_ms);
+    let owner = start_of(engine, pick, guard, chosen, prompt_blocks);
     // The soonest start; ties to fewer outstanding requests, then to the policy's own choice, then order.
     let soonest = argmin_by(&eligible, |p| {
-        let start = start_of(engine, pick, guard, p, prompt_blocks, now_ms);
+        let start = start_of(engine, pick, guard, p, prompt_blocks);
         (start.total(), pick.candidates[p].outstanding, p != chosen)
     });
-    let best = start_of(engine, pick, guard, soonest, prompt_blocks, now_ms);
+    let best = start_of(engine, pick, guard, soonest, prompt_blocks);
     if owner.total() <= best.total() + guard.spread_wait_blocks as f64 {
         return;
     }
     let policy_reason = std::mem::take(&mut pick.reason);
     pick.notes.push(format!("load guard overrode the policy's choice ({policy_reason})"));
-    let others = if owner.foreign > 0.0 {
-        format!(", {} of them from other routers as its metrics report", Fixed(owner.foreign, 1))
-    } else {
-        String::new()
-    };
     pick.candidates[chosen].note = Some(format!(
-        "too busy: {} blocks of queued work{others} + {} to prefill for this prompt",
+        "too busy: {} blocks of queued work + {} to prefill for this prompt",
         Fixed(owner.wait, 1),
         owner.uncached
     ));
     let reason = format!(
-        "balance: {} (the policy's choice) would start this prompt after {} blocks of prefill ({} queued{others} + {} \
+        "balance: {} (the policy's choice) would start this prompt after {} blocks of prefill ({} queued + {} \
          uncached), more than spread_wait_blocks {} beyond {}'s {} ({} queued + {} to recompute), so the \
          prefix was spread to {}",
         pick.replica(chosen),
