@@ -93,6 +93,8 @@ impl EtcdPolicyWatch {
 
     /// The `etcd_policy` object of `/admin/state`.
     pub fn state_document(&self) -> serde_json::Value {
+        // Read first: a revision read as seen has its outcome (counted, last_rejected) in place below.
+        let seen_revision = self.seen_revision.load(Ordering::Acquire);
         let last_rejected = lock(&self.last_rejected)
             .clone()
             .map(|(revision, reason)| serde_json::json!({"revision": revision, "reason": reason}));
@@ -101,7 +103,7 @@ impl EtcdPolicyWatch {
             "endpoint": self.client.endpoint(),
             "key": self.key,
             "connected": self.connected.load(Ordering::Relaxed),
-            "seen_revision": self.seen_revision.load(Ordering::Relaxed),
+            "seen_revision": seen_revision,
             "rejected_total": self.rejected(),
             "reconnects_total": self.reconnects.load(Ordering::Relaxed),
             "last_rejected": last_rejected,
@@ -124,7 +126,7 @@ impl EtcdPolicyWatch {
                 "fleet_router_policy_store_seen_revision",
                 "gauge",
                 "Newest etcd mod_revision of the policy key seen, applied or refused.",
-                self.seen_revision.load(Ordering::Relaxed).to_string(),
+                self.seen_revision.load(Ordering::Acquire).to_string(),
             ),
             (
                 "fleet_router_policy_store_rejected_total",
@@ -159,11 +161,16 @@ impl EtcdPolicyWatch {
 
 /// Applies a value of the key, or refuses it (logged, counted); a value already handled is skipped.
 async fn consider(state: &RouterState, store: &EtcdPolicyWatch, kv: &KeyValue) {
-    store.seen_revision.fetch_max(kv.mod_revision, Ordering::Relaxed);
     // In force already, or refused already: a re-read after a reconnect must not count a refusal twice.
-    if store.handled.fetch_max(kv.mod_revision, Ordering::Relaxed) >= kv.mod_revision {
-        return;
+    if store.handled.fetch_max(kv.mod_revision, Ordering::Relaxed) < kv.mod_revision {
+        apply_or_refuse(state, store, kv).await;
     }
+    // Seen once handled (the parse runs off the runtime and takes a while): whoever reads a revision as seen
+    // finds its outcome, applied or refused and counted, already in place.
+    store.seen_revision.fetch_max(kv.mod_revision, Ordering::Release);
+}
+
+async fn apply_or_refuse(state: &RouterState, store: &EtcdPolicyWatch, kv: &KeyValue) {
     match state.apply_etcd_policy(kv.mod_revision, &kv.value).await {
         Ok(Some(version)) => {
             tracing::info!(key = %store.key, revision = kv.mod_revision, version = version.version, policy = version.name, "policy from etcd applied");
