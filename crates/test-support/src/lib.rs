@@ -6,6 +6,7 @@
 pub mod admin_router;
 pub mod dns;
 pub mod endpoints;
+mod engines;
 pub mod etcd;
 pub mod llamacpp;
 pub mod process;

@@ -10,7 +10,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use crate::eventually;
-use crate::process::{ChildProcess, bin_dir};
+use crate::process::ChildProcess;
 
 /// The name the servers answer to (`--alias`), what `/v1/models` lists and clients send as `model`.
 pub const LLAMACPP_MODEL: &str = "tiny-llama";
@@ -25,23 +25,7 @@ pub struct LlamaCppBuild {
 /// `FLEETDECK_LLAMACPP_DIR` (set by `cargo xtask test`), else the engines cache beside or under the
 /// target folder; an error saying how to build it when there is none.
 pub fn llamacpp_build() -> Result<LlamaCppBuild> {
-    let mut candidates = Vec::new();
-    if let Some(dir) = std::env::var_os("FLEETDECK_LLAMACPP_DIR") {
-        candidates.push(PathBuf::from(dir));
-    } else if let Some(target) = bin_dir().parent() {
-        for engines in
-            [target.parent().map(|p| p.join("engines")), Some(target.join("engines"))].into_iter().flatten()
-        {
-            let Ok(entries) = std::fs::read_dir(&engines) else { continue };
-            let mut dirs: Vec<PathBuf> = entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("llamacpp-")))
-                .collect();
-            dirs.sort();
-            candidates.extend(dirs.into_iter().rev());
-        }
-    }
+    let candidates = crate::engines::engine_dirs("FLEETDECK_LLAMACPP_DIR", "llamacpp-");
     for dir in &candidates {
         if let Some(build) = build_in(dir) {
             return Ok(build);

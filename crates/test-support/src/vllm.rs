@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tokio::process::Command;
 
-use crate::process::{ChildProcess, bin_dir};
+use crate::process::ChildProcess;
 
 /// The name the servers answer to (`--served-model-name`), what clients send as `model`.
 pub const VLLM_MODEL: &str = "tiny-llama3";
@@ -37,23 +37,7 @@ impl VllmBuild {
 /// `FLEETDECK_VLLM_DIR` (set by `cargo xtask test`), else the engines cache beside or under the target
 /// folder; an error saying how to install it when there is none.
 pub fn vllm_build() -> Result<VllmBuild> {
-    let mut candidates = Vec::new();
-    if let Some(dir) = std::env::var_os("FLEETDECK_VLLM_DIR") {
-        candidates.push(PathBuf::from(dir));
-    } else if let Some(target) = bin_dir().parent() {
-        for engines in
-            [target.parent().map(|p| p.join("engines")), Some(target.join("engines"))].into_iter().flatten()
-        {
-            let Ok(entries) = std::fs::read_dir(&engines) else { continue };
-            let mut dirs: Vec<PathBuf> = entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("vllm-")))
-                .collect();
-            dirs.sort();
-            candidates.extend(dirs.into_iter().rev());
-        }
-    }
+    let candidates = crate::engines::engine_dirs("FLEETDECK_VLLM_DIR", "vllm-");
     for dir in &candidates {
         if let Some(build) = build_in(dir) {
             return Ok(build);
