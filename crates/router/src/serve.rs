@@ -15,8 +15,7 @@
 //! ([`crate::RouterConfig::header_read_timeout`]).
 //!
 //! The loop serves any hyper service with the refusals of a [`Refusals`] (the fleetdeck app's headless server
-//! runs on it too, with its own words): connections over the cap are answered (after their request, read and
-//! dropped within 200 ms) and closed, and the
+//! runs on it too, with its own words): connections over the cap are answered at once and closed, and the
 //! answers hyper makes itself to a request it cannot parse (400, 414, 431), which no route sees, can carry a
 //! header (fleet-router's request id) added on their way out ([`Stamped`]).
 //!
@@ -38,7 +37,7 @@ use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
@@ -310,25 +309,6 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Stamped<IO> {
 
 /// How long a write of [`over_capacity_answer`] may take before the connection is dropped unanswered.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long an over-the-cap connection is given to send its request before the refusal is written, then
-/// how long it may pause while sending it, and how much of it is read (and dropped) at most.
-const REFUSAL_FIRST_BYTES_WAIT: Duration = Duration::from_millis(200);
-const REFUSAL_QUIET_WAIT: Duration = Duration::from_millis(20);
-const REFUSAL_READ_LIMIT: usize = 64 * 1024;
-
-/// Reads (and drops) what an over-the-cap client sends first, briefly and boundedly: answering before its
-/// request is written makes an HTTP client see an answer it never asked for, and closing with its bytes
-/// unread resets the connection, which can lose the answer on the way.
-async fn drain_request<IO: AsyncRead + Unpin>(io: &mut IO) {
-    let mut buf = [0u8; 4096];
-    let (mut wait, mut read) = (REFUSAL_FIRST_BYTES_WAIT, 0);
-    while read < REFUSAL_READ_LIMIT {
-        match tokio::time::timeout(wait, io.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => (read, wait) = (read + n, REFUSAL_QUIET_WAIT),
-            _ => break,
-        }
-    }
-}
 
 /// Serves fleet-router's `routes` on `listener` until `shutdown` is cancelled and every open connection has
 /// closed, or the shutdown grace has passed and the rest have been cut off.
@@ -386,7 +366,6 @@ pub async fn serve_with<L, S>(
             let answer = refusals.over_capacity();
             tokio::spawn(async move {
                 let mut io = io;
-                drain_request(&mut io).await;
                 let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
                     io.write_all(&answer).await?;
                     io.shutdown().await
