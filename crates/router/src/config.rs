@@ -290,8 +290,9 @@ pub struct RouterConfig {
     /// Time a client has to send a request's whole body once its headers are in: a client that trickles
     /// it is answered 408 and its connection closed, so it cannot hold a connection and a task for ever.
     pub body_read_timeout: Duration,
-    /// Client connections open at once; one over the cap is answered 503 and closed at once (the
-    /// refusal is counted), so a flood of idle connections cannot exhaust file descriptors or memory.
+    /// Client connections open at once; one over the cap is answered 503 once its request is in (a second at
+    /// most) and closed (the refusal is counted). At most 16 refusals are under way at once, the oldest closed
+    /// unanswered when more arrive, so a flood of idle connections cannot exhaust file descriptors or memory.
     pub max_connections: usize,
     /// On shutdown the router stops accepting, closes idle connections and lets requests in flight finish;
     /// those still running after this long are cut off.

@@ -23,6 +23,7 @@
 //! finishes the request in flight and closes, and [`serve`] returns once the last one has (every
 //! connection task holds a sender of a channel whose receiver waits for them all to be dropped).
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -37,8 +38,9 @@ use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::sync::{Semaphore, mpsc};
+use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::RouterState;
@@ -309,6 +311,37 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Stamped<IO> {
 
 /// How long a write of [`over_capacity_answer`] may take before the connection is dropped unanswered.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long an over-the-cap connection may take to send its request before it is answered anyway: the answer
+/// waits for the request because an HTTP client that reads an answer before it has written its request calls
+/// the connection broken (hyper: "received unexpected message") instead of reading a refusal.
+const REFUSAL_REQUEST_WAIT: Duration = Duration::from_secs(1);
+/// How long a refused client may take to close after its answer; reading until then keeps the request's
+/// unread bytes from turning the close into a reset, which can discard the answer before the client reads it.
+const REFUSAL_DRAIN: Duration = Duration::from_millis(500);
+/// How many over-the-cap connections may be in the middle of their refusal at once. When one more arrives,
+/// the oldest is closed unanswered: a flood of idle sockets then costs at most this many descriptors beyond
+/// the cap, and the newest client (most likely a real one, behind the flood) is still answered.
+const REFUSALS_IN_PROGRESS: usize = 16;
+
+/// Answers one over-the-cap connection: waits (briefly) for its request, writes `answer`, half-closes, and
+/// reads until the client closes. Every step is bounded; the connection is dropped at the end regardless.
+async fn refuse<Io>(mut io: Io, answer: Vec<u8>)
+where
+    Io: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut request = vec![0; 4096];
+    let _ = tokio::time::timeout(REFUSAL_REQUEST_WAIT, io.read(&mut request)).await;
+    let written = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
+        io.write_all(&answer).await?;
+        io.shutdown().await
+    })
+    .await;
+    if matches!(written, Ok(Ok(()))) {
+        let _ =
+            tokio::time::timeout(REFUSAL_DRAIN, async { while let Ok(1..) = io.read(&mut request).await {} })
+                .await;
+    }
+}
 
 /// Serves fleet-router's `routes` on `listener` until `shutdown` is cancelled and every open connection has
 /// closed, or the shutdown grace has passed and the rest have been cut off.
@@ -355,6 +388,8 @@ pub async fn serve_with<L, S>(
     let slots = Arc::new(Semaphore::new(deadlines.max_connections));
     // Fired when the grace is over: the connections still open are dropped, mid-answer or not.
     let cut_off = CancellationToken::new();
+    // The refusals under way, oldest first (at most `REFUSALS_IN_PROGRESS`).
+    let mut refusing = VecDeque::<AbortHandle>::new();
     loop {
         // `Listener::accept` retries failed accepts itself (with a pause when out of file descriptors).
         let (io, _peer) = tokio::select! {
@@ -363,15 +398,13 @@ pub async fn serve_with<L, S>(
             accepted = listener.accept() => accepted,
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            let answer = refusals.over_capacity();
-            tokio::spawn(async move {
-                let mut io = io;
-                let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
-                    io.write_all(&answer).await?;
-                    io.shutdown().await
-                })
-                .await;
-            });
+            refusing.retain(|refusal| !refusal.is_finished());
+            if refusing.len() >= REFUSALS_IN_PROGRESS
+                && let Some(oldest) = refusing.pop_front()
+            {
+                oldest.abort();
+            }
+            refusing.push_back(tokio::spawn(refuse(io, refusals.over_capacity())).abort_handle());
             continue;
         };
         let connection = http.serve_connection(TokioIo::new(Stamped::new(io, &refusals)), service.clone());

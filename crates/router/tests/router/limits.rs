@@ -98,6 +98,34 @@ async fn connections_over_the_cap_are_answered_503_and_counted() -> Result<()> {
 }
 
 #[tokio::test]
+async fn a_client_behind_a_flood_of_idle_sockets_reads_its_refusal_cleanly() -> Result<()> {
+    let sim = spawn_sim(1, ModelConfig::default()).await?;
+    let router =
+        router(RouterConfig { replicas: sim.urls().to_vec(), max_connections: 2, ..RouterConfig::default() })
+            .await?;
+    let addr = router.url.trim_start_matches("http://").to_owned();
+    // Far more idle sockets than the cap and than the refusals kept in progress: the oldest are closed.
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(TcpStream::connect(&addr).await?);
+    }
+    // The newest connection is a real HTTP client's: it must read a 503 with a JSON body, never a
+    // connection error (an answer written before its request, or reset away by a close).
+    for attempt in 0..3 {
+        let answer = client()
+            .get(format!("{}/v1/models", router.url))
+            .send()
+            .await
+            .with_context(|| format!("attempt {attempt}: the refusal did not reach the client"))?;
+        assert_eq!(answer.status(), 503);
+        let body: serde_json::Value = answer.json().await?;
+        assert_eq!(body["error"]["code"], 503, "{body}");
+    }
+    drop(idle);
+    Ok(())
+}
+
+#[tokio::test]
 async fn the_routers_own_error_answers_carry_a_request_id() -> Result<()> {
     let sim = spawn_sim(1, ModelConfig::default()).await?;
     let router = router(RouterConfig {
