@@ -1,8 +1,9 @@
 //! End-to-end tests across Fleetdeck's programs, with real HTTP on loopback port 0.
 //!
 //! - [`llamacpp`]: three real llama.cpp servers probed, watched by the app and routed to, one killed mid-stream.
-//! - [`vllm`]: real vLLM servers (CPU build): prefix cache, cached tokens, metrics, KV events feeding
-//!   fleet-router's `kv_precise` on chat and completions, its index accuracy.
+//! - [`vllm`]: real vLLM servers (CPU build): prefix cache, cached tokens, metrics; the app over two of
+//!   them behind two fleet-routers (every view's figures, a canary promoted and one rolled back, a server
+//!   killed mid-stream). kv_precise on vLLM's KV events is in fleet-router's own tests (`vllm.rs`).
 //! - [`stack`]: emulated replicas behind fleet-router, driven by a real HTTP client.
 //! - [`app`]: the `fleetdeck` binary in headless mode: its API, its history file, bad endpoints.
 //! - [`browser`]: headless Chromium loading the headless app's UI.
