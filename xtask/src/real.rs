@@ -320,7 +320,7 @@ pub(crate) fn bench_once(
 }
 
 /// The number after `key` in JSON text (xtask stays std-only; the report's keys are unique enough).
-fn json_number(text: &str, key: &str) -> Option<f64> {
+pub(crate) fn json_number(text: &str, key: &str) -> Option<f64> {
     let at = text.find(key)? + key.len();
     let rest = text[at..].trim_start().strip_prefix(':')?.trim_start();
     let end = rest

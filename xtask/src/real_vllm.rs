@@ -42,6 +42,8 @@ fn kv_blocks() -> u32 {
     std::env::var("FLEET_REAL_KV_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(224)
 }
 const MAX_MODEL_LEN: u32 = 4096;
+const MAX_NUM_SEQS: u32 = 8;
+const MAX_BATCHED_TOKENS: u32 = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -120,14 +122,18 @@ pub fn run_real_vllm() -> Result<()> {
         let before = counters(&urls)?;
         let (guard, url) = start_router(*router, &servers, &vllm, &bin, &venv, &dir)?;
         let mut row = bench_once(&bin, &url, &trace, &urls, MODEL)?;
-        let after = counters(&urls)?;
-        row.computed = (after.0 - before.0) - (after.1 - before.1);
-        row.cached = after.1 - before.1;
+        let used = counters(&urls)? - before;
+        row.computed = used.prompt_tokens - used.cached_tokens;
+        row.cached = used.cached_tokens;
         drop(guard);
-        rows.push((name, row));
+        rows.push((name, row, used));
     }
     drop(servers);
-    print_table(&rows);
+    let table: Vec<(String, Row)> = rows.iter().map(|(n, r, _)| (n.clone(), r.clone())).collect();
+    print_table(&table);
+    if let Some((_, _, used)) = rows.iter().find(|(n, _, _)| n == "fleet-router round_robin") {
+        fidelity(&bin, &dir, used, &table)?;
+    }
     println!("\nwhole run: {:.0} s; logs in {}", started.elapsed().as_secs_f64(), dir.display());
     Ok(())
 }
@@ -147,7 +153,13 @@ fn start_server(vllm: &Vllm, dir: &Path, index: usize) -> Result<Server> {
         .args(["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["--dtype", "bfloat16", "--max-model-len", &MAX_MODEL_LEN.to_string()])
         .args(["--enable-prefix-caching", "--block-size", &BLOCK_SIZE.to_string()])
-        .args(["--num-gpu-blocks-override", &kv_blocks().to_string(), "--max-num-seqs", "8"])
+        .args([
+            "--num-gpu-blocks-override",
+            &kv_blocks().to_string(),
+            "--max-num-seqs",
+            &MAX_NUM_SEQS.to_string(),
+        ])
+        .args(["--max-num-batched-tokens", &MAX_BATCHED_TOKENS.to_string()])
         .args(["--enable-prompt-tokens-details", "--kv-events-config", &kv_events])
         .env("VLLM_SERVER_DEV_MODE", "1")
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -182,13 +194,42 @@ fn reset_prefix_cache(url: &str) -> Result<()> {
     Ok(())
 }
 
-/// Prompt tokens and cached prompt tokens, summed over the servers.
-fn counters(urls: &[String]) -> Result<(f64, f64)> {
-    let mut sums = (0.0, 0.0);
+/// vLLM's own counters, summed over the servers: what a row is measured by and the profile is fitted from.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    prompt_tokens: f64,
+    cached_tokens: f64,
+    generation_tokens: f64,
+    /// Seconds from a request's scheduling to its first token, and from there to its last.
+    prefill_seconds: f64,
+    decode_seconds: f64,
+    requests: f64,
+}
+
+impl std::ops::Sub for Counters {
+    type Output = Counters;
+    fn sub(self, before: Counters) -> Counters {
+        Counters {
+            prompt_tokens: self.prompt_tokens - before.prompt_tokens,
+            cached_tokens: self.cached_tokens - before.cached_tokens,
+            generation_tokens: self.generation_tokens - before.generation_tokens,
+            prefill_seconds: self.prefill_seconds - before.prefill_seconds,
+            decode_seconds: self.decode_seconds - before.decode_seconds,
+            requests: self.requests - before.requests,
+        }
+    }
+}
+
+fn counters(urls: &[String]) -> Result<Counters> {
+    let mut sums = Counters::default();
     for url in urls {
         let text = curl(&format!("{url}/metrics"))?;
-        sums.0 += metric_any_labels(&text, "vllm:prompt_tokens_total");
-        sums.1 += metric_any_labels(&text, "vllm:prompt_tokens_cached_total");
+        sums.prompt_tokens += metric_any_labels(&text, "vllm:prompt_tokens_total");
+        sums.cached_tokens += metric_any_labels(&text, "vllm:prompt_tokens_cached_total");
+        sums.generation_tokens += metric_any_labels(&text, "vllm:generation_tokens_total");
+        sums.prefill_seconds += metric_any_labels(&text, "vllm:request_prefill_time_seconds_sum");
+        sums.decode_seconds += metric_any_labels(&text, "vllm:request_decode_time_seconds_sum");
+        sums.requests += metric_any_labels(&text, "vllm:request_prefill_time_seconds_count");
     }
     Ok(sums)
 }
@@ -231,6 +272,8 @@ fn start_router(
                 spec.to_string_lossy().into_owned(),
                 "--tokenizer".to_owned(),
                 vllm.model.join("tokenizer.json").to_string_lossy().into_owned(),
+                "--record".to_owned(),
+                dir.join(format!("{}.recorded.jsonl", router.policy)).to_string_lossy().into_owned(),
             ];
             for server in servers {
                 args.push("--replica".to_owned());
@@ -343,4 +386,76 @@ fn print_table(rows: &[(String, Row)]) {
             if p95 <= 0.8 { "met" } else { "NOT met: goal <= 0.80x" }
         );
     }
+}
+
+/// The what-if against the live rows: an engine profile fitted from vLLM's own counters over the round_robin
+/// row (a flat cost per computed prompt token, one per decode step), then `fleet-sim replay` of that row's
+/// recorded traffic under each of fleet-router's other policies, printed beside what they measured live. The
+/// goal (issue 34): within 2 points of hit rate and 15 % of TTFT p95.
+fn fidelity(bin: &Path, dir: &Path, round_robin: &Counters, rows: &[(String, Row)]) -> Result<()> {
+    let computed = (round_robin.prompt_tokens - round_robin.cached_tokens).max(1.0);
+    let decode_steps = (round_robin.generation_tokens - round_robin.requests).max(1.0);
+    let step_us = round_robin.decode_seconds * 1e6 / decode_steps;
+    let prefill_token_us =
+        ((round_robin.prefill_seconds * 1e6 - round_robin.requests * step_us) / computed).max(0.1);
+    let profile = dir.join("vllm-cpu-tiny-fitted.yaml");
+    let yaml = format!(
+        "# Fitted by `cargo xtask bench real --engine vllm` from vLLM's counters over its round_robin row:\n\
+         # {:.0} prompt tokens computed in {:.2} s of prefill, {:.0} decode steps in {:.2} s.\n\
+         name: vllm-cpu-tiny-fitted\n\
+         description: vLLM 0.32.0 CPU, tiny random-weight Llama, fitted from the bench's own run\n\
+         model: {MODEL}\n\
+         kv_capacity_tokens: {}\n\
+         block_tokens: {BLOCK_SIZE}\n\
+         max_num_seqs: {MAX_NUM_SEQS}\n\
+         max_num_batched_tokens: {MAX_BATCHED_TOKENS}\n\
+         cost:\n  step_us: {step_us:.1}\n  prefill_token_us: {prefill_token_us:.2}\n  prefill_attn_us_per_ktok: 0\n  \
+         decode_seq_us: 0\n  decode_ctx_us_per_ktok: 0\n\
+         sources:\n  - \"vLLM's request_prefill_time and request_decode_time sums over the bench's round_robin row\"\n",
+        computed,
+        round_robin.prefill_seconds,
+        decode_steps,
+        round_robin.decode_seconds,
+        kv_blocks() * BLOCK_SIZE,
+    );
+    fs::write(&profile, yaml).map_err(|e| format!("cannot write {}: {e}", profile.display()))?;
+    let recorded = dir.join("round_robin.recorded.jsonl");
+    println!(
+        "\nwhat-if of round_robin's recording (profile fitted from vLLM's counters: {step_us:.0} us a decode step, \
+         {prefill_token_us:.1} us a computed prompt token; {})",
+        profile.display()
+    );
+    println!("{:<22} {:>24} {:>24}  verdict", "policy", "hit rate pred / live", "TTFT p95 pred / live");
+    for (name, live) in rows.iter().filter(|(n, _)| n.starts_with("fleet-router ")) {
+        let policy = name.trim_start_matches("fleet-router ");
+        let output = Command::new(bin.join("fleet-sim"))
+            .args(["replay", "--trace", &recorded.to_string_lossy(), "--replicas", &SERVERS.to_string()])
+            .args(["--profile", &profile.to_string_lossy(), "--policy", policy, "--json"])
+            .output()
+            .map_err(|e| format!("cannot run fleet-sim replay: {e}"))?;
+        if !output.status.success() {
+            println!("{policy:<22} replay failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+            continue;
+        }
+        let text = String::from_utf8_lossy(&output.stdout);
+        let hit = crate::real::json_number(&text, "\"hit_rate\"").unwrap_or(f64::NAN);
+        let p95_ms = crate::real::json_number(&text, "\"ttft_p95_s\"").unwrap_or(f64::NAN) * 1e3;
+        let (live_hit, live_p95) = (live.hit_rate.unwrap_or(f64::NAN), live.ttft_p95_ms.unwrap_or(f64::NAN));
+        let hit_ok = ((hit - live_hit) * 100.0).abs() <= 2.0;
+        let p95_ok = (p95_ms / live_p95 - 1.0).abs() <= 0.15;
+        println!(
+            "{policy:<22} {:>10.1}% / {:>9.1}% {:>10.0}ms / {:>8.0}ms  {}",
+            hit * 100.0,
+            live_hit * 100.0,
+            p95_ms,
+            live_p95,
+            match (hit_ok, p95_ok) {
+                (true, true) => "within both",
+                (true, false) => "TTFT p95 off by more than 15 %",
+                (false, true) => "hit rate off by more than 2 points",
+                (false, false) => "both off",
+            }
+        );
+    }
+    Ok(())
 }

@@ -429,6 +429,7 @@ fn trace_record(
         policy: Some(decision.policy.clone()),
         policy_version: Some(policy_version),
         cached_tokens: None,
+        engine_prompt_tokens: None,
         // Set when a chunk carrying a token passes (`Finish`).
         ttft_ms: None,
         first_byte_ms,
@@ -481,6 +482,7 @@ impl Drop for Ticket {
 #[derive(Debug, Default)]
 struct UsageSniffer {
     completion_tokens: Option<u32>,
+    prompt_tokens: Option<u32>,
     cached_tokens: Option<u32>,
     token_chunks: u32,
     /// An SSE error event passed (`data: {"error": ...}` or `"object":"error"`, as vLLM and SGLang send when
@@ -492,6 +494,7 @@ struct UsageSniffer {
 /// than searching a chunk).
 struct UsagePatterns {
     completion_tokens: Finder<'static>,
+    prompt_tokens: Finder<'static>,
     cached_tokens: Finder<'static>,
     open_chunk: Finder<'static>,
     /// Keys whose non-empty string value is generated output (chat deltas and messages, completions).
@@ -501,6 +504,7 @@ struct UsagePatterns {
 
 static USAGE_PATTERNS: LazyLock<UsagePatterns> = LazyLock::new(|| UsagePatterns {
     completion_tokens: Finder::new(b"\"completion_tokens\":"),
+    prompt_tokens: Finder::new(b"\"prompt_tokens\":"),
     cached_tokens: Finder::new(b"\"cached_tokens\":"),
     // Each streamed token chunk is still open (`"finish_reason":null`); the closing chunk is not.
     open_chunk: Finder::new(b"\"finish_reason\":null"),
@@ -522,6 +526,9 @@ impl UsageSniffer {
         let patterns = &*USAGE_PATTERNS;
         if let Some(value) = number_after(chunk, &patterns.completion_tokens) {
             self.completion_tokens = Some(value);
+        }
+        if let Some(value) = number_after(chunk, &patterns.prompt_tokens) {
+            self.prompt_tokens = Some(value);
         }
         if let Some(value) = number_after(chunk, &patterns.cached_tokens) {
             self.cached_tokens = Some(value);
@@ -593,6 +600,7 @@ impl Drop for Finish {
         let mut trace = std::mem::take(&mut self.trace);
         trace.output_length = self.usage.output_tokens();
         trace.cached_tokens = self.usage.cached_tokens;
+        trace.engine_prompt_tokens = self.usage.prompt_tokens;
         if let (Some(prediction), Some(engine)) = (&self.ticket.prediction, self.usage.cached_tokens) {
             state.metrics.count_prediction(prediction.report(engine));
         }
@@ -717,7 +725,10 @@ mod tests {
         assert_eq!(sse.output_tokens(), 2);
         let mut whole = UsageSniffer::default();
         whole.scan(br#"{"usage":{"prompt_tokens":9,"completion_tokens": 40,"prompt_tokens_details":{"cached_tokens":16}}}"#);
-        assert_eq!((whole.output_tokens(), whole.cached_tokens), (40, Some(16)));
+        assert_eq!(
+            (whole.output_tokens(), whole.cached_tokens, whole.prompt_tokens),
+            (40, Some(16), Some(9))
+        );
         let mut nothing = UsageSniffer::default();
         assert!(!nothing.error_event);
         nothing.scan(br#"{"usage":{"completion_tokens": null},"choices":[{"finish_reason":null},{"finish_reason":null}]}"#);

@@ -60,6 +60,11 @@ pub struct TraceRecord {
     /// Prompt tokens the replica reported as served from its cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u32>,
+    /// Prompt tokens the replica reported (`usage.prompt_tokens`, its own tokenizer's count). `input_length`
+    /// is the router's count, in the units of `hash_ids`; the two differ when the router estimates tokens
+    /// from text, so a hit rate from `cached_tokens` divides by this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_prompt_tokens: Option<u32>,
     /// Time to first token seen by the router, in milliseconds: until the first chunk that carried generated
     /// content (an SSE event with a non-empty `content`/`text`, or a whole answer that has one). `None` when
     /// no token came (an error answer, a stream that broke first).
@@ -83,6 +88,12 @@ impl TraceRecord {
     /// A plain Mooncake record.
     pub fn mooncake(timestamp: u64, input_length: u32, output_length: u32, hash_ids: Vec<u64>) -> Self {
         TraceRecord { timestamp, input_length, output_length, hash_ids, ..TraceRecord::default() }
+    }
+
+    /// The prompt length in the replica's own tokens (what `cached_tokens` counts in): its report when it
+    /// made one, else the router's count.
+    pub fn engine_prompt_tokens(&self) -> u32 {
+        self.engine_prompt_tokens.unwrap_or(self.input_length)
     }
 
     /// Tokens per entry of `hash_ids`.

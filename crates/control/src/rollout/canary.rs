@@ -59,7 +59,7 @@ pub(crate) fn guards_of(asked: &CanaryGuards) -> Guards {
 pub struct Observed {
     /// Arrival (Unix ms).
     pub arrival_ms: u64,
-    /// Prompt tokens.
+    /// Prompt tokens, in the replica's own count when it reported one (what `cached_tokens` counts in).
     pub input_tokens: u32,
     /// Prompt tokens the replica served from its cache, when it said.
     pub cached_tokens: Option<u32>,
@@ -78,7 +78,7 @@ impl From<&TraceRecord> for Observed {
         let failed = status >= 500 || record.error.is_some();
         Self {
             arrival_ms: record.timestamp,
-            input_tokens: record.input_length,
+            input_tokens: record.engine_prompt_tokens(),
             cached_tokens: record.cached_tokens,
             ttft_ms: record.ttft_ms,
             failed,

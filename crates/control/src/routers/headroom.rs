@@ -13,8 +13,9 @@ pub const UNKNOWN_MODEL: &str = "(no model recorded)";
 
 /// Per-model figures over `records` (any order; they are taken in timestamp order).
 ///
-/// - achieved: recorded `cached_tokens` over prompt tokens, over the records that carry it (the
-///   "measured" requests: a streaming client that asks for no usage leaves its record without);
+/// - achieved: recorded `cached_tokens` over the replica's reported prompt tokens, over the records that
+///   carry it (the "measured" requests: a streaming client that asks for no usage leaves its record
+///   without). Both are the replica's own counts: the router's may be an estimate from text;
 /// - pooled bound: every request served by one cache that never evicts: a request hits the
 ///   leading blocks any earlier request of the same model already had (hash ids are chained,
 ///   so an equal id names the whole prefix), capped at its prompt length. It is given over all
@@ -41,10 +42,13 @@ pub fn per_model(records: &[TraceRecord]) -> Vec<ModelHeadroom> {
                 pooled_hits += pooled;
                 seen.extend(r.hash_ids.iter().copied());
                 if let Some(cached) = r.cached_tokens {
+                    // In the replica's own tokens: a router that estimates tokens from text counts another
+                    // length, and the bound's share of the prompt is carried over to the replica's count.
+                    let engine_prompt = u64::from(r.engine_prompt_tokens());
                     measured_requests += 1;
-                    recorded_prompt += input;
-                    recorded_hits += u64::from(cached).min(input);
-                    measured_pooled_hits += pooled;
+                    recorded_prompt += engine_prompt;
+                    recorded_hits += u64::from(cached).min(engine_prompt);
+                    measured_pooled_hits += if input > 0 { pooled * engine_prompt / input } else { 0 };
                 }
             }
             let ratio = |hits: u64, of: u64| (of > 0).then(|| hits as f64 / of as f64);
@@ -148,6 +152,20 @@ mod tests {
         let other = &figures[1];
         assert_eq!(other.achieved, None, "no cached_tokens recorded is unknown, not zero");
         assert_eq!(other.pooled_bound, Some(0.0));
+    }
+
+    #[test]
+    fn achieved_and_its_bound_are_in_the_replicas_own_tokens() {
+        // The router estimated 64 tokens (4 blocks of 16) where the engine's tokenizer counted 80: the
+        // engine's cached 60 of 80 is 75 %, not 60 of 64; and the bound's share (3 of 4 blocks) carries over.
+        let mut first = rec(1, "m", 64, &[1, 2, 3, 4], Some(0));
+        first.engine_prompt_tokens = Some(80);
+        let mut second = rec(2, "m", 64, &[1, 2, 3, 5], Some(60));
+        second.engine_prompt_tokens = Some(80);
+        let m = &per_model(&[first, second])[0];
+        assert!((m.achieved.unwrap() - 60.0 / 160.0).abs() < 1e-9, "{m:?}");
+        assert!((m.pooled_bound_measured.unwrap() - 60.0 / 160.0).abs() < 1e-9, "{m:?}");
+        assert!(m.achieved <= m.pooled_bound_measured);
     }
 
     #[test]
