@@ -239,9 +239,28 @@ pub fn engine_load(engine: Option<f64>, age_ms: Option<u64>) -> String {
     }
 }
 
+/// The replicas a router names as a prefix's holders ("127.0.0.1:8101, 127.0.0.1:8102"), or that it
+/// names none.
+pub fn prefix_holders(holders: &[String]) -> String {
+    if holders.is_empty() {
+        return "none known".to_owned();
+    }
+    holders.iter().map(|h| short_url(h)).collect::<Vec<_>>().join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_holders_are_short_urls_or_say_none_is_known() {
+        assert_eq!(prefix_holders(&[]), "none known");
+        let holders = ["http://127.0.0.1:8101".to_owned(), "http://127.0.0.1:8102".to_owned()];
+        assert_eq!(
+            prefix_holders(&holders),
+            format!("{}, {}", short_url(&holders[0]), short_url(&holders[1]))
+        );
+    }
 
     #[test]
     fn router_chips_say_what_kind_of_router_and_what_it_reports() {

@@ -94,6 +94,34 @@ pub struct HeatMap {
     /// Whether the routers agree on each replica's load: each router's view beside the engine's own figure.
     #[serde(default)]
     pub load_agreement: Vec<ReplicaLoadAgreement>,
+    /// Where each router believes the busiest prefix groups are cached, for groups two or more routers
+    /// report; those they disagree on first.
+    #[serde(default)]
+    pub prefix_placement: Vec<PrefixPlacement>,
+}
+
+/// One prefix group and the replicas each router believes hold it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PrefixPlacement {
+    /// Hex of the group's first block hash, as in [`HeatGroup::group`].
+    pub group: String,
+    /// The group's requests over all the routers that report it.
+    pub requests: u64,
+    /// One entry per router that reports the group.
+    pub routers: Vec<RouterPrefixView>,
+    /// Routers whose indexes name holders name different ones.
+    pub disagree: bool,
+}
+
+/// Where one router believes a prefix group is cached.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RouterPrefixView {
+    pub router: String,
+    /// Replica URLs the router's index says hold most of the group's prefix (at least half the blocks of the
+    /// replica holding the most), in URL order; empty when its index names none.
+    pub holders: Vec<String>,
+    /// The group's requests through this router.
+    pub requests: u64,
 }
 
 /// One replica's load as every router sees it, beside what its engine itself reports.

@@ -116,6 +116,7 @@ pub fn HeatView(last_update: RwSignal<Option<i64>>) -> impl IntoView {
                 {move || heat_table(heat.data, cell_value)}
             </div>
             {move || agreement_table(heat.data)}
+            {move || placement_table(heat.data)}
         </section>
     }
 }
@@ -286,6 +287,77 @@ fn agreement_table(data: RwSignal<Option<HeatMap>>) -> Option<AnyView> {
                                 <tr>
                                     <th>"Replica"</th>
                                     <th class="num">"Engine"</th>
+                                    {header}
+                                    <th>"Agreement"</th>
+                                </tr>
+                            </thead>
+                            <tbody>{rows}</tbody>
+                        </table>
+                    </div>
+                </div>
+            }
+            .into_any(),
+        )
+    })
+}
+
+/// Where each router believes the busiest prefix groups live: a row per group two or more routers report,
+/// each router's holders; rows where they name different replicas are marked (approximate prefix trees learn
+/// only from their own router's traffic, so the same prefix ends up computed on several replicas).
+fn placement_table(data: RwSignal<Option<HeatMap>>) -> Option<AnyView> {
+    data.with(|h| {
+        let h = h.as_ref()?;
+        if h.prefix_placement.is_empty() {
+            return None;
+        }
+        let routers: Vec<String> = h.routers.iter().map(|r| r.url.clone()).collect();
+        let disagreeing = h.prefix_placement.iter().filter(|p| p.disagree).count();
+        let header = routers
+            .iter()
+            .map(|r| view! { <th title=r.clone()>{format!("held by, says {}", format::short_url(r))}</th> })
+            .collect_view();
+        let rows = h
+            .prefix_placement
+            .iter()
+            .map(|p| {
+                let cells = routers
+                    .iter()
+                    .map(|r| {
+                        let text = p.routers.iter().find(|v| &v.router == r).map_or_else(
+                            || "not reported".to_owned(),
+                            |v| format::prefix_holders(&v.holders),
+                        );
+                        view! { <td class="mono">{text}</td> }
+                    })
+                    .collect_view();
+                view! {
+                    <tr class:hot=p.disagree data-testid="placement-row">
+                        <td class="mono" title=p.group.clone()>{short_group(&p.group)}</td>
+                        <td class="num">{p.requests}</td>
+                        {cells}
+                        <td data-testid="placement-status">{if p.disagree { "routers disagree" } else { "agree" }}</td>
+                    </tr>
+                }
+            })
+            .collect_view();
+        Some(
+            view! {
+                <div class="card" data-testid="prefix-placement">
+                    <div class="card-head">
+                        <h2>"Where routers think prefixes live"</h2>
+                        <span class="card-meta">
+                            {format!(
+                                "replicas each router's index credits with a prefix group; {disagreeing} of {} groups disagree",
+                                h.prefix_placement.len()
+                            )}
+                        </span>
+                    </div>
+                    <div class="table-wrap">
+                        <table class="replicas">
+                            <thead>
+                                <tr>
+                                    <th>"Prefix group"</th>
+                                    <th class="num">"Requests"</th>
                                     {header}
                                     <th>"Agreement"</th>
                                 </tr>

@@ -1,14 +1,15 @@
-//! Whether a fleet's routers agree on each replica's load: every router's view (the load its policy counts)
+//! Whether a fleet's routers agree: on each replica's load, every router's view (the load its policy counts)
 //! beside the engine's own figure (waiting + running, as the router with the freshest scrape read it), and
-//! which routers are off. Pure: the routers' states come in as values.
+//! which routers are off; and on where each busy prefix group lives, the replicas each router's index names.
+//! Pure: the routers' states come in as values.
 //!
 //! A router that cannot read a replica's `/metrics` (scrapes off, failing or stale) counts only its own
 //! requests there, so with several routers it under-counts by what the others sent: that is the
 //! disagreement this view exists to show.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use fleetdeck_api::{ReplicaLoadAgreement, RouterLoadView};
+use fleetdeck_api::{PrefixPlacement, ReplicaLoadAgreement, RouterLoadView, RouterPrefixView};
 
 use crate::routers::admin::RouterState;
 
@@ -74,6 +75,56 @@ pub fn build(states: &[(String, RouterState)]) -> Vec<ReplicaLoadAgreement> {
     agreements
 }
 
+/// Groups the placement view lists at most.
+pub const MAX_PLACEMENTS: usize = 10;
+
+/// Where each router believes the prefix groups that two or more routers report are cached. A router's
+/// holders of a group are the replicas its index credits with at least half the blocks of the replica it
+/// credits most (a partial match elsewhere is not a home). Approximate prefix trees learn only from their own
+/// router's requests, so with several routers they part ways: one sends a tenant to a replica the others do
+/// not know holds it, and the prefix is computed twice. Routers fed by the engines' KV events agree.
+/// Groups the routers disagree on come first, then the busiest.
+pub fn prefix_placement(states: &[(String, RouterState)]) -> Vec<PrefixPlacement> {
+    let mut by_group: BTreeMap<String, PrefixPlacement> = BTreeMap::new();
+    for (router, state) in states {
+        let urls = state.urls_by_id();
+        for group in &state.prefix_groups {
+            let most = group.replicas.iter().map(|r| r.cached_blocks).max().unwrap_or(0);
+            let holders: BTreeSet<String> = group
+                .replicas
+                .iter()
+                .filter(|r| most > 0 && r.cached_blocks * 2 >= most)
+                .map(|r| urls.get(&r.id).cloned().unwrap_or_else(|| r.id.clone()))
+                .collect();
+            let entry = by_group
+                .entry(group.group.clone())
+                .or_insert_with(|| PrefixPlacement { group: group.group.clone(), ..Default::default() });
+            entry.requests += group.requests;
+            entry.routers.push(RouterPrefixView {
+                router: router.clone(),
+                holders: holders.into_iter().collect(),
+                requests: group.requests,
+            });
+        }
+    }
+    let mut placements: Vec<PrefixPlacement> = by_group
+        .into_values()
+        .filter(|p| p.routers.len() > 1)
+        .map(|mut p| {
+            // A router whose index names no holder (a policy without one) has no view to disagree with.
+            let views: Vec<&Vec<String>> =
+                p.routers.iter().map(|r| &r.holders).filter(|h| !h.is_empty()).collect();
+            p.disagree = views.windows(2).any(|pair| pair[0] != pair[1]);
+            p
+        })
+        .collect();
+    placements.sort_by(|a, b| {
+        b.disagree.cmp(&a.disagree).then(b.requests.cmp(&a.requests)).then_with(|| a.group.cmp(&b.group))
+    });
+    placements.truncate(MAX_PLACEMENTS);
+    placements
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +140,72 @@ mod tests {
             .as_bytes(),
         )
         .expect("a router state")
+    }
+
+    /// A router's state with prefix groups: `(group, requests, [(replica id, cached blocks)])` over replicas
+    /// r0..r2.
+    fn with_groups(groups: &[(&str, u64, &[(u32, u64)])]) -> RouterState {
+        let groups: Vec<String> = groups
+            .iter()
+            .map(|(group, requests, replicas)| {
+                let replicas: Vec<String> = replicas
+                    .iter()
+                    .map(|(id, blocks)| {
+                        format!(
+                            r#"{{"id": {id}, "requests": 1, "cached_blocks": {blocks}, "hit_share": 0.5}}"#
+                        )
+                    })
+                    .collect();
+                format!(
+                    r#"{{"group": "{group}", "requests": {requests}, "share": 0.1, "replicas": [{}]}}"#,
+                    replicas.join(",")
+                )
+            })
+            .collect();
+        parse_state(
+            format!(
+                r#"{{"policy": {{"name": "cache_aware_approx", "version": 1}}, "window_s": 60,
+                 "replicas": [{{"id": 0, "url": "http://r0"}}, {{"id": 1, "url": "http://r1"}}, {{"id": 2, "url": "http://r2"}}],
+                 "prefix_groups": [{}]}}"#,
+                groups.join(",")
+            )
+            .as_bytes(),
+        )
+        .expect("a router state")
+    }
+
+    #[test]
+    fn routers_naming_other_holders_of_a_prefix_disagree_and_come_first() {
+        let a = with_groups(&[("aa", 50, &[(0, 40), (1, 4)]), ("bb", 30, &[(2, 10)]), ("cc", 9, &[(1, 8)])]);
+        let b = with_groups(&[("aa", 40, &[(0, 38)]), ("bb", 20, &[(1, 12), (2, 3)])]);
+        let placement = prefix_placement(&[("http://a".to_owned(), a), ("http://b".to_owned(), b)]);
+        // "cc" only one router reports: nothing to compare.
+        assert_eq!(placement.iter().map(|p| p.group.as_str()).collect::<Vec<_>>(), ["bb", "aa"]);
+        let bb = &placement[0];
+        assert!(bb.disagree, "{bb:?}");
+        assert_eq!(bb.requests, 50);
+        assert_eq!(bb.routers[0].holders, ["http://r2"]);
+        assert_eq!(bb.routers[1].holders, ["http://r1"], "3 of 12 blocks is a partial match, not a home");
+        let aa = &placement[1];
+        assert!(!aa.disagree, "both name r0 (r1's 4 of 40 blocks is no home): {aa:?}");
+    }
+
+    #[test]
+    fn a_router_whose_index_names_no_holder_has_no_view_to_disagree_with() {
+        // Round-robin routers keep no index: their groups credit no replica with cached blocks.
+        let blind = || with_groups(&[("aa", 10, &[(0, 0), (1, 0)])]);
+        let indexed = |replica: u32| with_groups(&[("aa", 10, &[(replica, 20)])]);
+        let placement =
+            prefix_placement(&[("http://a".to_owned(), blind()), ("http://b".to_owned(), indexed(1))]);
+        assert_eq!(placement.len(), 1);
+        assert!(placement[0].routers[0].holders.is_empty());
+        assert!(!placement[0].disagree, "{placement:?}");
+        let placement = prefix_placement(&[
+            ("http://a".to_owned(), blind()),
+            ("http://b".to_owned(), indexed(1)),
+            ("http://c".to_owned(), indexed(2)),
+        ]);
+        assert!(placement[0].disagree, "{placement:?}");
     }
 
     #[test]

@@ -100,7 +100,16 @@ pub fn build(states: &[RouterState], routers: Vec<RouterSource>, hotspot_share: 
     }
     hotspots.sort_by(|a, b| b.share.total_cmp(&a.share));
     let window_s = states.iter().map(|s| s.window_s).max().unwrap_or(0);
-    HeatMap { now_ms, routers, replicas, groups, hotspots, window_s, load_agreement: Vec::new() }
+    HeatMap {
+        now_ms,
+        routers,
+        replicas,
+        groups,
+        hotspots,
+        window_s,
+        load_agreement: Vec::new(),
+        prefix_placement: Vec::new(),
+    }
 }
 
 #[cfg(test)]

@@ -369,7 +369,9 @@ impl Routers {
             )));
         }
         let mut map = heat::build(&self.states(), self.sources(), args.hotspot_share, unix_ms_now());
-        map.load_agreement = agreement::build(&self.states_by_router());
+        let states = self.states_by_router();
+        map.load_agreement = agreement::build(&states);
+        map.prefix_placement = agreement::prefix_placement(&states);
         Ok(map)
     }
 

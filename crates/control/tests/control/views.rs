@@ -259,3 +259,62 @@ async fn settings_probe_at_once_persist_and_keep_tokens_in_0600_files() -> Resul
     assert!(control.settings().view().await?.routers.is_empty());
     Ok(())
 }
+
+/// Three routers whose approximate prefix trees learn only from their own traffic: two over replica 0, one
+/// over replica 1. A prefix sent through all three is placed on different replicas, and the heat map's
+/// placement view says so, naming each router's holder; a prefix only the first two routed agrees. The
+/// group ids match across routers (the same prefix hashes alike everywhere), or nothing would compare.
+#[tokio::test]
+async fn the_heat_map_shows_which_routers_disagree_on_where_a_prefix_lives() -> Result<()> {
+    let sim = spawn_sim(2, Default::default()).await?;
+    let over = |replica: usize| {
+        spawn_router_with(RouterConfig {
+            replicas: vec![sim.urls()[replica].clone()],
+            admin_token: Some(TOKEN.into()),
+            policy: "policy: cache_aware_approx\n".parse().expect("a policy"),
+            ..Default::default()
+        })
+    };
+    let routers = [over(0).await?, over(0).await?, over(1).await?];
+    let dir = tempfile::tempdir()?;
+    let mut config = ControlConfig::new(sim.urls().to_vec(), dir.path().join("history.sqlite"));
+    config.routers = routers
+        .iter()
+        .map(|r| RouterTarget {
+            url: r.url(),
+            token: Some(TOKEN.into()),
+            token_file: None,
+            metrics_url: None,
+        })
+        .collect();
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(config, stop).await?;
+
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?;
+    let everywhere = "Tenant nine's long system prompt, routed by every router. ".repeat(8);
+    let two = "Tenant four's long system prompt, routed by two routers only. ".repeat(8);
+    for i in 0..3 {
+        for router in &routers {
+            send(&client, &router.url(), &format!("{everywhere} q{i}")).await?;
+        }
+        for router in &routers[..2] {
+            send(&client, &router.url(), &format!("{two} q{i}")).await?;
+        }
+    }
+    let placement = eventually("both groups in the placement view", Duration::from_secs(30), || async {
+        let heat = control.routers().heat_map(HeatMapArgs { hotspot_share: 0.9 }).await?;
+        Ok((heat.prefix_placement.len() == 2).then_some(heat.prefix_placement))
+    })
+    .await?;
+    let (split, shared) = (&placement[0], &placement[1]);
+    assert!(split.disagree, "disagreements come first: {placement:?}");
+    assert_eq!(split.routers.len(), 3, "{split:?}");
+    assert_eq!(split.requests, 9);
+    let holders: Vec<&[String]> = split.routers.iter().map(|r| r.holders.as_slice()).collect();
+    assert_eq!(holders, [&sim.urls()[..1], &sim.urls()[..1], &sim.urls()[1..2]], "{split:?}");
+    assert!(!shared.disagree, "{shared:?}");
+    assert_eq!(shared.routers.len(), 2);
+    assert!(shared.routers.iter().all(|r| r.holders == sim.urls()[..1]), "{shared:?}");
+    Ok(())
+}
