@@ -4,9 +4,10 @@
 //!
 //! The servers start once; before every row each one's prefix cache is emptied (`POST /reset_prefix_cache`,
 //! served with `VLLM_SERVER_DEV_MODE=1`), so every row starts cold without three minutes of restarts. Each
-//! server's KV cache is `KV_BLOCKS` blocks of 32 tokens: about a third of the trace's shared prefixes, so a
-//! router that sends every group everywhere evicts what it will need next, and one that keeps groups apart
-//! keeps them cached. The trace is `bench real`'s (groups of requests sharing a long prefix, one block each of
+//! server's KV cache holds half the trace's shared prefixes (448 blocks of 32 tokens; the tiny model's
+//! tokenizer makes each prompt about 1,480 tokens, 44 blocks of them shared by a group of 20): a router that
+//! sends every group everywhere evicts what it will need next, and one that keeps groups apart keeps them
+//! cached. The trace is `bench real`'s (groups of requests sharing a long prefix, one block each of
 //! their own, evenly spaced; `FLEET_REAL_REQUESTS`, `FLEET_REAL_GAP_MS`), replayed by `fleet-sim bench` as
 //! streamed chat completions.
 //!
@@ -37,9 +38,10 @@ const MODEL: &str = "tiny-llama3";
 /// vLLM's CPU attention takes multiples of 32 only.
 const BLOCK_SIZE: u32 = 32;
 /// KV blocks per server (see the module docs; `FLEET_REAL_KV_BLOCKS` changes it): the trace's 20 shared
-/// prefixes of about 30 blocks each would need about 600.
+/// prefixes of about 44 blocks each need about 880 in all. A first run with 224 left even a partitioning
+/// router short (7 groups a server need about 310) and round_robin at 0 %.
 fn kv_blocks() -> u32 {
-    std::env::var("FLEET_REAL_KV_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(224)
+    std::env::var("FLEET_REAL_KV_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(448)
 }
 const MAX_MODEL_LEN: u32 = 4096;
 const MAX_NUM_SEQS: u32 = 8;

@@ -142,9 +142,11 @@ mod tests {
         .expect("a router state")
     }
 
-    /// A router's state with prefix groups: `(group, requests, [(replica id, cached blocks)])` over replicas
-    /// r0..r2.
-    fn with_groups(groups: &[(&str, u64, &[(u32, u64)])]) -> RouterState {
+    /// One prefix group as a router reports it: its id, its requests, and (replica id, cached blocks).
+    type Group<'a> = (&'a str, u64, &'a [(u32, u64)]);
+
+    /// A router's state with prefix groups over replicas r0..r2.
+    fn with_groups(groups: &[Group<'_>]) -> RouterState {
         let groups: Vec<String> = groups
             .iter()
             .map(|(group, requests, replicas)| {

@@ -48,7 +48,7 @@ pub fn per_model(records: &[TraceRecord]) -> Vec<ModelHeadroom> {
                     measured_requests += 1;
                     recorded_prompt += engine_prompt;
                     recorded_hits += u64::from(cached).min(engine_prompt);
-                    measured_pooled_hits += if input > 0 { pooled * engine_prompt / input } else { 0 };
+                    measured_pooled_hits += (pooled * engine_prompt).checked_div(input).unwrap_or(0);
                 }
             }
             let ratio = |hits: u64, of: u64| (of > 0).then(|| hits as f64 / of as f64);
