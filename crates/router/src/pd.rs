@@ -30,10 +30,11 @@ pub const PREFILL_ANSWER_LIMIT: usize = 4 << 20;
 
 /// Whether `group` runs in P/D mode: some replica of its model has the prefill role.
 pub fn in_pd_mode(fleet: &FleetView, group: &Group) -> bool {
-    fleet
-        .replicas
-        .iter()
-        .any(|replica| replica.model == group.model && replica.spec.role == ReplicaRole::Prefill)
+    fleet.has_prefill
+        && fleet
+            .replicas
+            .iter()
+            .any(|replica| replica.model == group.model && replica.spec.role == ReplicaRole::Prefill)
 }
 
 /// A request's P/D decision, and for a split the decode leg's body.

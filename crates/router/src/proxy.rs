@@ -177,6 +177,14 @@ pub async fn forward(
     let pick_latency = started.elapsed();
     let (decision, policy_version) = match picked {
         Ok(picked) => picked,
+        Err(PickError::NoReplicas) if crate::pd::in_pd_mode(&fleet, &group) => {
+            let message = format!(
+                "model {:?} has only prefill replicas (role=prefill); add a replica with role=decode or role=both \
+                 to serve its requests",
+                group.model
+            );
+            return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &message);
+        }
         Err(error @ (PickError::NoHealthyReplica { .. } | PickError::NoReplicas)) => {
             return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
         }

@@ -148,6 +148,9 @@ pub struct FleetView {
     pub replicas: Vec<Arc<Replica>>,
     /// Groups by model.
     pub groups: BTreeMap<String, Arc<Group>>,
+    /// Whether any replica has the prefill role (P/D mode is possible): the hot path's one check
+    /// otherwise.
+    pub has_prefill: bool,
 }
 
 /// Why a request's model has no replicas.
@@ -173,6 +176,12 @@ pub enum GroupError {
 }
 
 impl FleetView {
+    /// A view of `replicas` in `groups`.
+    pub fn new(replicas: Vec<Arc<Replica>>, groups: BTreeMap<String, Arc<Group>>) -> Self {
+        let has_prefill = replicas.iter().any(|replica| replica.spec.role == ReplicaRole::Prefill);
+        Self { replicas, groups, has_prefill }
+    }
+
     /// The group that serves `model`.
     pub fn group_for(&self, model: Option<&str>) -> Result<&Arc<Group>, GroupError> {
         // The hot path: the model's own group, or the only one. The model lists are built only for errors.
@@ -682,7 +691,7 @@ impl RouterState {
             }
         };
         replicas.push(replica.clone());
-        self.fleet.store(Arc::new(FleetView { replicas, groups }));
+        self.fleet.store(Arc::new(FleetView::new(replicas, groups)));
         {
             let mut engine = lock(group.engine_for(replica.spec.role));
             engine.engine.add_replica(id);
@@ -728,7 +737,7 @@ impl RouterState {
         if !replicas.iter().any(|r| r.model == replica.model) {
             groups.remove(&replica.model);
         }
-        self.fleet.store(Arc::new(FleetView { replicas, groups }));
+        self.fleet.store(Arc::new(FleetView::new(replicas, groups)));
         replica.removed.cancel();
         Some(replica)
     }

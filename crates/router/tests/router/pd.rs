@@ -323,3 +323,18 @@ async fn a_dead_prefill_replica_falls_back_and_then_leaves_the_pool() -> Result<
     assert_eq!(reasons.last().map(String::as_str), Some("no_prefill_replica"), "{reasons:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_model_with_only_prefill_replicas_says_what_to_add_and_the_state_shows_roles() -> Result<()> {
+    let prefill = spawn_sim(1, sim_config(Role::Prefill, LoadFailurePolicy::Fail)).await?;
+    let router =
+        router_over(vec![format!("{},model={MODEL},role=prefill", prefill.urls()[0])], spec()).await?;
+    let body = json!({"model": MODEL, "prompt": prompt("alone", 64), "max_tokens": 1});
+    let (status, _, text) = complete(&router, &body).await?;
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("only prefill replicas") && text.contains("role=decode"), "{text}");
+    let state = router.admin_get(&client(), "/admin/state").await?;
+    assert_eq!(state["replicas"][0]["role"], "prefill", "{state}");
+    assert_eq!(metric(prefill.urls()[0].as_str(), "vllm:request_success_total").await?, 0.0);
+    Ok(())
+}
