@@ -338,3 +338,77 @@ async fn a_model_with_only_prefill_replicas_says_what_to_add_and_the_state_shows
     assert_eq!(metric(prefill.urls()[0].as_str(), "vllm:request_success_total").await?, 0.0);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_busy_prefill_pool_serves_locally_while_its_leg_is_in_flight() -> Result<()> {
+    let spec = spec().with_pd("max_prefill_queue", 0);
+    let fleet = pd_fleet(LoadFailurePolicy::Fail, spec).await?;
+    let router = &fleet.router;
+    // The prefill replica answers slowly: the first split's leg stays outstanding a while.
+    fleet.prefill.fleet.set_faults(0, Faults { added_latency_ms: 3_000, ..Faults::default() })?;
+    let first = json!({"model": MODEL, "prompt": prompt("busy-first", 64), "max_tokens": 2});
+    let url = router.url.clone();
+    let in_flight = tokio::spawn(async move {
+        let response = client().post(format!("{url}/v1/completions")).json(&first).send().await?;
+        let reason = header(response.headers(), "x-fleet-pd").to_owned();
+        anyhow::Ok((response.status().as_u16(), reason))
+    });
+    let prefill_url = fleet.prefill_url();
+    fleet_test_support::eventually("the prefill leg is outstanding", Duration::from_secs(10), || async {
+        let state = router.admin_get(&client(), "/admin/state").await?;
+        let replicas = state["replicas"].as_array().cloned().unwrap_or_default();
+        let busy = replicas.iter().any(|r| r["url"] == prefill_url && r["outstanding"] == 1);
+        Ok(busy.then_some(()))
+    })
+    .await?;
+    let second = json!({"model": MODEL, "prompt": prompt("busy-second", 64), "max_tokens": 2});
+    let (status, headers, text) = complete(router, &second).await?;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(header(&headers, "x-fleet-pd"), "prefill_pool_busy");
+    let logged = decision(router, &headers).await?;
+    assert!(
+        logged["pd"]["explanation"].as_str().is_some_and(|e| e.contains("max_prefill_queue 0")),
+        "{logged}"
+    );
+    assert_eq!(in_flight.await??, (200, "split".to_owned()));
+    assert_eq!(decisions(router, "prefill_pool_busy").await?, 1.0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_prefill_pick_follows_the_prefix_over_the_prefill_pool() -> Result<()> {
+    let prefill = spawn_sim(2, sim_config(Role::Prefill, LoadFailurePolicy::Fail)).await?;
+    let decode = spawn_sim(1, sim_config(Role::Decode, LoadFailurePolicy::Fail)).await?;
+    let mut replicas: Vec<String> =
+        prefill.urls().iter().map(|url| format!("{url},model={MODEL},role=prefill")).collect();
+    replicas.push(format!("{},model={MODEL},role=decode", decode.urls()[0]));
+    let router = router_over(replicas, spec()).await?;
+    // A shared 64-block head and 40-block tails: the decode replica lacks 640 tokens of the second, so it
+    // is split too, and its prefill goes where the head is.
+    let head = prompt("shared-head", 64);
+    let mut picks = Vec::new();
+    for (n, tail) in ["first-tail", "second-tail", "third-tail"].into_iter().enumerate() {
+        let body = json!({"model": MODEL, "prompt": format!("{head}{}", prompt(tail, 40)), "max_tokens": 1});
+        let (status, headers, text) = complete(&router, &body).await?;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(header(&headers, "x-fleet-pd"), "split", "{tail}");
+        picks.push(header(&headers, "x-fleet-prefill-replica").to_owned());
+        let logged = decision(&router, &headers).await?;
+        assert_eq!(logged["pd"]["prefill"]["candidates"].as_array().map(Vec::len), Some(2), "{logged}");
+        if n > 0 {
+            // Not a tie broken the same way: the prefill engine followed the cached head.
+            let pick = &logged["pd"]["prefill"];
+            assert_eq!(pick["branch"], "cache", "{pick}");
+            let chosen = pick["candidates"].as_array().and_then(|c| c.iter().find(|c| c["chosen"] == true));
+            assert_eq!(chosen.map(|c| c["matched_blocks"].clone()), Some(json!(64)), "{pick}");
+        }
+    }
+    assert!(picks.iter().all(|p| p == &picks[0]) && !picks[0].is_empty(), "{picks:?}");
+    let cached = |url: String| async move { metric(&url, "vllm:prefix_cache_hits_total").await };
+    let hits = cached(picks[0].clone()).await?;
+    assert!(
+        hits >= 2.0 * 64.0 * 16.0 - 16.0,
+        "the head was cached at the prefill replica it went to: {hits}"
+    );
+    Ok(())
+}
