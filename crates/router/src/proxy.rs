@@ -269,7 +269,8 @@ pub async fn forward(
                 );
                 let branch = decision.branch;
                 // The index's prediction of the engine's cached tokens, when the pick served it.
-                if input.token_exact && tried.len() == 1 {
+                // Not for a split: the decode replica reports the transferred tokens as cached.
+                if input.token_exact && tried.len() == 1 && !is_split {
                     ticket.prediction =
                         decision.chosen().and_then(|chosen| chosen.matched_blocks).map(|blocks| {
                             Arc::new(CachePrediction::new(
