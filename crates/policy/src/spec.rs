@@ -65,6 +65,10 @@ pub struct PolicySpec {
     /// Parameters of that policy; omitted ones take their documented defaults.
     #[serde(default)]
     pub params: Map<String, Value>,
+    /// Prefill/decode disaggregation thresholds ([`crate::PdParams`], [`crate::pd_param_docs`]), used by
+    /// routers whose fleet has prefill replicas; omitted ones take their defaults.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub pd: Map<String, Value>,
 }
 
 fn schema_version_default() -> u32 {
@@ -80,7 +84,7 @@ impl Default for PolicySpec {
 impl PolicySpec {
     /// A spec for `policy` with every parameter at its default.
     pub fn named(policy: &str) -> Self {
-        Self { schema_version: SCHEMA_VERSION, policy: policy.to_owned(), params: Map::new() }
+        Self { schema_version: SCHEMA_VERSION, policy: policy.to_owned(), params: Map::new(), pd: Map::new() }
     }
 
     /// Sets one parameter (builder style, for code and tests).
@@ -89,7 +93,18 @@ impl PolicySpec {
         self
     }
 
-    /// Checks the schema version, the policy name, every parameter name, type and range.
+    /// Sets one field of the `pd` section (builder style, for code and tests).
+    pub fn with_pd(mut self, field: &str, value: impl Into<Value>) -> Self {
+        self.pd.insert(field.to_owned(), value.into());
+        self
+    }
+
+    /// The `pd` section, checked, with defaults filled in.
+    pub fn pd_params(&self) -> Result<crate::PdParams, SpecError> {
+        crate::PdParams::from_section(&self.pd)
+    }
+
+    /// Checks the schema version, the policy name, every parameter name, type and range, and the `pd` section.
     pub fn validate(&self) -> Result<(), SpecError> {
         self.resolve().map(|_| ())
     }
@@ -99,6 +114,7 @@ impl PolicySpec {
         if self.schema_version != SCHEMA_VERSION {
             return Err(SpecError::UnsupportedSchemaVersion { found: self.schema_version });
         }
+        self.pd_params()?;
         let docs = param_docs(&self.policy);
         if !POLICY_NAMES.contains(&self.policy.as_str()) {
             return Err(SpecError::UnknownPolicy {
@@ -317,7 +333,7 @@ impl FromStr for PolicySpec {
                 message: "the document must be a mapping with `policy:` and optional `params:`".to_owned(),
             });
         };
-        const TOP_FIELDS: [&str; 3] = ["schema_version", "policy", "params"];
+        const TOP_FIELDS: [&str; 4] = ["schema_version", "policy", "params", "pd"];
         if let Some(unknown) = top.keys().find(|key| !TOP_FIELDS.contains(&key.as_str())) {
             return Err(SpecError::UnknownField {
                 field: unknown.clone(),
@@ -358,7 +374,19 @@ impl FromStr for PolicySpec {
                 });
             }
         };
-        let spec = Self { schema_version, policy, params };
+        let pd = match top.remove("pd") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(pd)) => pd,
+            Some(other) => {
+                return Err(SpecError::WrongType {
+                    field: "pd".to_owned(),
+                    value: other.to_string(),
+                    expected: "a mapping of P/D thresholds (min_uncached_tokens, min_prompt_tokens, max_prefill_queue)"
+                        .to_owned(),
+                });
+            }
+        };
+        let spec = Self { schema_version, policy, params, pd };
         spec.validate()?;
         Ok(spec)
     }
@@ -492,7 +520,7 @@ fn list_or_none(items: &[String]) -> String {
 }
 
 /// The allowed-name closest to `given` by edit distance, if it is close enough to be a likely typo.
-fn closest<'a>(given: &str, allowed: impl Iterator<Item = &'a str>) -> Option<String> {
+pub(crate) fn closest<'a>(given: &str, allowed: impl Iterator<Item = &'a str>) -> Option<String> {
     allowed
         .map(|name| (edit_distance(given, name), name))
         .filter(|(distance, name)| *distance <= (name.len() / 3).max(2))
@@ -566,7 +594,12 @@ impl ParamDoc {
     }
 
     fn check(&self, value: &Value) -> Result<(), SpecError> {
-        let field = format!("params.{}", self.name);
+        self.check_field(&format!("params.{}", self.name), value)
+    }
+
+    /// Checks `value` against the type and range, naming it `field` in the error.
+    pub(crate) fn check_field(&self, field: &str, value: &Value) -> Result<(), SpecError> {
+        let field = field.to_owned();
         let wrong_type = || SpecError::WrongType {
             field: field.clone(),
             value: value.to_string(),

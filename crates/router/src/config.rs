@@ -1,4 +1,4 @@
-//! The router's configuration: replica specs (`URL[,model=NAME][,kv=tcp://HOST:PORT]`), timeouts, health,
+//! The router's configuration: replica specs (`URL[,model=NAME][,kv=tcp://HOST:PORT][,role=ROLE]`), timeouts, health,
 //! recording and admin settings, each with a `Default`, parsed with `FromStr` and checked by `validate()`.
 
 use std::fmt;
@@ -26,7 +26,9 @@ impl ConfigError {
 
 /// One replica as given on the command line or to `POST /admin/replicas`.
 ///
-/// Syntax: `URL[,model=NAME][,kv=tcp://HOST:PORT][,kv_replay=tcp://HOST:PORT]`. Without `model=` the router
+/// Syntax: `URL[,model=NAME][,kv=tcp://HOST:PORT][,kv_replay=tcp://HOST:PORT][,role=prefill|decode|both]`.
+/// `role=` (default `both`) is the replica's part in prefill/decode disaggregation: a model group with
+/// `prefill` replicas runs in P/D mode (see the crate README). Without `model=` the router
 /// asks the replica's `/v1/models` once when it is added; without `kv=` the replica's KV events come from
 /// [`RouterConfig::kv_events_port_offset`] when set, else the replica sends none.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,12 +41,61 @@ pub struct ReplicaSpec {
     pub kv_events: Option<String>,
     /// ZMQ ROUTER endpoint of the replica's event replay socket (vLLM `replay_endpoint`).
     pub kv_replay: Option<String>,
+    /// Its part in prefill/decode disaggregation.
+    pub role: ReplicaRole,
+}
+
+/// A replica's part in prefill/decode disaggregation (`role=` in a replica spec).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ReplicaRole {
+    /// Serves whole requests, and decode legs (the default).
+    #[default]
+    Both,
+    /// Serves prefill legs only (`kv_transfer_params.do_remote_decode`); never picked for a whole request.
+    Prefill,
+    /// Serves decode legs, and whole requests when the router prefills locally.
+    Decode,
+}
+
+impl ReplicaRole {
+    /// Its name in a replica spec and in `/admin/state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Both => "both",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
+}
+
+impl FromStr for ReplicaRole {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "both" => Ok(Self::Both),
+            "prefill" => Ok(Self::Prefill),
+            "decode" => Ok(Self::Decode),
+            other => Err(ConfigError::new(
+                "replica",
+                format!(
+                    "role={other:?} is not a replica role; use role=prefill, role=decode or role=both (the default)"
+                ),
+            )),
+        }
+    }
 }
 
 impl ReplicaSpec {
     /// A replica known by URL only.
     pub fn url(url: &str) -> Self {
-        Self { url: url.trim_end_matches('/').to_owned(), model: None, kv_events: None, kv_replay: None }
+        Self {
+            url: url.trim_end_matches('/').to_owned(),
+            model: None,
+            kv_events: None,
+            kv_replay: None,
+            role: ReplicaRole::Both,
+        }
     }
 
     /// `host:port` of the URL (for deriving a KV endpoint), if it has an explicit port.
@@ -76,7 +127,7 @@ impl FromStr for ReplicaSpec {
                 return Err(ConfigError::new(
                     "replica",
                     format!(
-                        "{part:?} in {text:?} is not KEY=VALUE; use model=NAME, kv=tcp://HOST:PORT or kv_replay=tcp://HOST:PORT"
+                        "{part:?} in {text:?} is not KEY=VALUE; use model=NAME, kv=tcp://HOST:PORT, kv_replay=tcp://HOST:PORT or role=prefill|decode|both"
                     ),
                 ));
             };
@@ -88,11 +139,12 @@ impl FromStr for ReplicaSpec {
                 "model" => spec.model = Some(value),
                 "kv" => spec.kv_events = Some(check_zmq_endpoint(&value)?),
                 "kv_replay" => spec.kv_replay = Some(check_zmq_endpoint(&value)?),
+                "role" => spec.role = value.parse()?,
                 other => {
                     return Err(ConfigError::new(
                         "replica",
                         format!(
-                            "unknown replica option {other:?} in {text:?}; allowed: model, kv, kv_replay"
+                            "unknown replica option {other:?} in {text:?}; allowed: model, kv, kv_replay, role"
                         ),
                     ));
                 }
@@ -113,6 +165,9 @@ impl fmt::Display for ReplicaSpec {
         }
         if let Some(replay) = &self.kv_replay {
             write!(f, ",kv_replay={replay}")?;
+        }
+        if self.role != ReplicaRole::Both {
+            write!(f, ",role={}", self.role.as_str())?;
         }
         Ok(())
     }
@@ -494,6 +549,23 @@ mod tests {
             let error = bad.parse::<ReplicaSpec>().unwrap_err();
             assert_eq!(error.field, "replica", "{bad}");
         }
+    }
+
+    #[test]
+    fn replica_roles_parse_round_trip_and_a_bad_one_names_the_fix() {
+        let cases = [
+            ("http://a:1", ReplicaRole::Both),
+            ("http://a:1,role=both", ReplicaRole::Both),
+            ("http://a:1,role=prefill", ReplicaRole::Prefill),
+            ("http://a:1,model=m,role=decode", ReplicaRole::Decode),
+        ];
+        for (text, role) in cases {
+            let spec: ReplicaSpec = text.parse().unwrap();
+            assert_eq!(spec.role, role, "{text}");
+            assert_eq!(spec.to_string().parse::<ReplicaSpec>().unwrap(), spec, "{text}");
+        }
+        let error = "http://a:1,role=prefil".parse::<ReplicaSpec>().unwrap_err();
+        assert!(error.message.contains("\"prefil\"") && error.message.contains("role=prefill"), "{error}");
     }
 
     #[test]

@@ -163,7 +163,11 @@ async fn scrape_replica(state: Arc<RouterState>, replica: Arc<Replica>, limits: 
             let figures = EngineFigures { waiting, running, kv_usage, at_ms: now_ms };
             // The group as it is now: a replica that moved group (its model learnt) reports to the new one.
             if let Some(group) = state.fleet.load().groups.get(&replica.model) {
-                let _ = lock(&group.engine).engine.set_metrics(replica.id, figures.metrics(), now_ms);
+                let _ = lock(group.engine_for(replica.spec.role)).engine.set_metrics(
+                    replica.id,
+                    figures.metrics(),
+                    now_ms,
+                );
             }
             replica.engine_load.record(Ok(figures));
         }

@@ -197,7 +197,7 @@ impl Subscriber {
         self.replica.kv_resyncs.fetch_add(1, Ordering::Relaxed);
         if let Some(group) = self.state.fleet.load().groups.get(&self.replica.model) {
             let now = self.state.now_ms();
-            let _ = lock(&group.engine).engine.on_kv_event(
+            let _ = lock(group.engine_for(self.replica.spec.role)).engine.on_kv_event(
                 self.replica.id,
                 &KvEvent::AllCleared { medium: None },
                 now,
@@ -239,7 +239,7 @@ impl Subscriber {
         }
         let Some(group) = self.state.fleet.load().groups.get(&self.replica.model).cloned() else { return };
         let now = self.state.now_ms();
-        let mut engine = lock(&group.engine);
+        let mut engine = lock(group.engine_for(self.replica.spec.role));
         for event in &events {
             if engine.engine.on_kv_event(self.replica.id, event, now).is_ok() {
                 self.replica.kv_events.fetch_add(1, Ordering::Relaxed);

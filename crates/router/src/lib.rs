@@ -1,7 +1,9 @@
 //! fleet-router: an OpenAI-compatible data plane that applies Fleetdeck's routing policy to a fleet of
 //! LLM replicas, takes pushed policy live, and records its traffic.
 //!
-//! - [`config`]: [`RouterConfig`] and replica specs (`URL[,model=NAME][,kv=tcp://HOST:PORT]`).
+//! - [`config`]: [`RouterConfig`] and replica specs (`URL[,model=NAME][,kv=tcp://HOST:PORT][,role=ROLE]`).
+//! - [`pd`]: P/D mode, for model groups with `role=prefill` replicas: split or local per request (the
+//!   policy's `pd` thresholds), the prefill leg, and the fallback to a local prefill.
 //! - [`routing_key`]: a request's model, prompt blocks and session key (pure).
 //! - [`state`]: replicas grouped by model, one `fleet_policy::Engine` per group, policy versions, health.
 //! - [`proxy`]: the OpenAI routes: pick, retries before the first byte, unbuffered streaming.
@@ -40,6 +42,7 @@ pub mod handshake;
 pub mod health;
 pub mod kv_events;
 pub mod metrics;
+pub mod pd;
 pub mod proxy;
 pub mod recording;
 pub mod routing_key;
@@ -62,8 +65,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use config::{
-    AdminToken, ConfigError, EngineMetricsConfig, HealthConfig, RecordConfig, ReplicaSpec, RouterConfig,
-    TlsConfig,
+    AdminToken, ConfigError, EngineMetricsConfig, HealthConfig, RecordConfig, ReplicaRole, ReplicaSpec,
+    RouterConfig, TlsConfig,
 };
 pub use etcd_policy::EtcdPolicySource;
 pub use routing_key::Tokenize;

@@ -6,7 +6,8 @@
 //! `replica_healthy{replica}`, `replica_outstanding{replica}`, `policy_swaps_total`, `kv_events_total{replica}`,
 //! `kv_resyncs_total{replica}`, `index_predictions_total`, `index_predictions_within_block_total`,
 //! `upstream_idle_connections{replica}`, `upstream_first_byte_seconds{replica}`
-//! (histogram), `recorded_requests_total`.
+//! (histogram), `recorded_requests_total`; in P/D mode `pd_decisions_total{reason}`, `pd_fallbacks_total`,
+//! `pd_prefill_leg_seconds` and `pd_decode_first_byte_seconds` (histograms).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleet_policy::Branch;
+use fleet_policy::{Branch, PdReason};
 
 /// Upper bounds of the pick-latency buckets, in seconds.
 const PICK_BUCKETS: &[f64] =
@@ -161,6 +162,14 @@ pub struct Metrics {
     pub predictions_within_block: AtomicU64,
     /// Clients refused by the router itself, by [`Refusal`].
     refusals: [AtomicU64; Refusal::ALL.len()],
+    /// P/D decisions by [`PdReason`] (in its `ALL` order).
+    pd_decisions: [AtomicU64; PdReason::ALL.len()],
+    /// Split requests served locally after all: the prefill leg or the transfer failed.
+    pub pd_fallbacks: AtomicU64,
+    /// Duration of prefill legs (sent to the prefill replica's answer read whole), failed ones included.
+    pub pd_prefill_leg: Histogram,
+    /// Time from a split request's arrival to its decode replica's first body byte.
+    pub pd_decode_first_byte: Histogram,
 }
 
 /// Why the router refused a client before any replica saw its request.
@@ -229,11 +238,30 @@ impl Default for Metrics {
             predictions: AtomicU64::new(0),
             predictions_within_block: AtomicU64::new(0),
             refusals: Default::default(),
+            pd_decisions: Default::default(),
+            pd_fallbacks: AtomicU64::new(0),
+            pd_prefill_leg: Histogram::new(FIRST_BYTE_BUCKETS),
+            pd_decode_first_byte: Histogram::new(FIRST_BYTE_BUCKETS),
         }
     }
 }
 
 impl Metrics {
+    /// Counts one P/D decision (a fallback after a failed split is counted again as `transfer_failed`).
+    pub fn count_pd(&self, reason: PdReason) {
+        if let Some(slot) = PdReason::ALL.iter().position(|r| *r == reason) {
+            self.pd_decisions[slot].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// P/D decisions counted with `reason`.
+    pub fn pd_decisions(&self, reason: PdReason) -> u64 {
+        PdReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |slot| self.pd_decisions[slot].load(Ordering::Relaxed))
+    }
+
     /// The time-to-first-byte histogram of the replica at `url` (kept, like [`Metrics::requests_of`], for
     /// as long as the router runs).
     pub fn first_byte_of(&self, url: &str) -> Arc<Histogram> {
@@ -417,6 +445,43 @@ impl Metrics {
                 self.refusals(why)
             );
         }
+        family(
+            &mut out,
+            "fleet_router_pd_decisions_total",
+            "counter",
+            "P/D mode: requests split into a prefill and a decode leg or served locally, by reason \
+             (split, no_prefill_replica, short_prompt, cached_at_decode, prefill_pool_busy; transfer_failed \
+             counts split requests that fell back to a local prefill).",
+        );
+        for reason in PdReason::ALL {
+            let _ = writeln!(
+                out,
+                "fleet_router_pd_decisions_total{{reason=\"{}\"}} {}",
+                reason.as_str(),
+                self.pd_decisions(reason)
+            );
+        }
+        scalar(
+            &mut out,
+            "fleet_router_pd_fallbacks_total",
+            "counter",
+            "P/D mode: split requests served with a local prefill after the prefill leg or the transfer failed.",
+            self.pd_fallbacks.load(Ordering::Relaxed),
+        );
+        family(
+            &mut out,
+            "fleet_router_pd_prefill_leg_seconds",
+            "histogram",
+            "P/D mode: duration of prefill legs, from sending to the prefill replica's whole answer (failed ones too).",
+        );
+        self.pd_prefill_leg.render(&mut out, "fleet_router_pd_prefill_leg_seconds", "");
+        family(
+            &mut out,
+            "fleet_router_pd_decode_first_byte_seconds",
+            "histogram",
+            "P/D mode: time from a split request's arrival to its decode replica's first body byte.",
+        );
+        self.pd_decode_first_byte.render(&mut out, "fleet_router_pd_decode_first_byte_seconds", "");
         let rate_help = "Matched over prompt blocks since start (0 to 1).";
         scalar(&mut out, "fleet_router_estimated_hit_rate", "gauge", rate_help, rate);
         let per_replica: [PerReplicaFamily; 5] = [

@@ -8,6 +8,13 @@
 //! relayed as they arrive; a replica dying mid-stream ends an SSE stream with an error event (`data:
 //! {"error": ...}`), never a hang (every read has the configured read timeout). When the response ends
 //! (or the client goes away) a guard completes the request in the engine, counts it and records it.
+//!
+//! P/D mode (the group has `role=prefill` replicas, see [`crate::pd`]): the pick above is the decode pick;
+//! the spec's `pd` thresholds decide whether to split. A split request's prefill leg goes to the prefill
+//! engine's pick, whole and bounded, before the decode attempts; its `kv_transfer_params` ride on the
+//! client's own request to the decode replica. A failed prefill leg, or a decode replica that answers a
+//! split leg with a 5xx or an error event first (a failed KV transfer), falls back to the client's own
+//! request at that decode replica: a local prefill.
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -26,6 +33,7 @@ use memchr::memmem::Finder;
 use serde_json::json;
 
 use crate::metrics::{Refusal, branch_label};
+use crate::pd::PdPlan;
 use crate::routing_key::{Route, routing_input, session_hash};
 use crate::state::{CachePrediction, DecisionRecord, FleetView, Group, Replica, RouterState, lock, unix_ms};
 use crate::upstream::TimedBody;
@@ -39,6 +47,10 @@ pub const BRANCH_HEADER: HeaderName = HeaderName::from_static("x-fleet-branch");
 pub const POLICY_VERSION_HEADER: HeaderName = HeaderName::from_static("x-fleet-policy-version");
 /// Response header with the router's id of the request: `GET /admin/decisions?request_id=N` shows its pick.
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-fleet-request-id");
+/// Response header with the P/D decision's reason (`split`, `short_prompt`, ..., `transfer_failed`), in P/D mode.
+pub const PD_HEADER: HeaderName = HeaderName::from_static("x-fleet-pd");
+/// Response header naming the prefill replica of a split request.
+pub const PREFILL_REPLICA_HEADER: HeaderName = HeaderName::from_static("x-fleet-prefill-replica");
 /// Request header carrying a session key (wins over the body's `user`).
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
 
@@ -165,6 +177,14 @@ pub async fn forward(
     let pick_latency = started.elapsed();
     let (decision, policy_version) = match picked {
         Ok(picked) => picked,
+        Err(PickError::NoReplicas) if crate::pd::in_pd_mode(&fleet, &group) => {
+            let message = format!(
+                "model {:?} has only prefill replicas (role=prefill); add a replica with role=decode or role=both \
+                 to serve its requests",
+                group.model
+            );
+            return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &message);
+        }
         Err(error @ (PickError::NoHealthyReplica { .. } | PickError::NoReplicas)) => {
             return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
         }
@@ -184,11 +204,33 @@ pub async fn forward(
         in_engine: true,
         prediction: None,
     };
+    // P/D mode: decide, and for a split send the prefill leg now.
+    let mut pd: Option<PdPlan> = if crate::pd::in_pd_mode(&fleet, &group) {
+        let block_tokens = input.block_tokens;
+        Some(
+            crate::pd::prepare(
+                &state,
+                &fleet,
+                &group,
+                route,
+                &headers,
+                &body,
+                &ticket.view,
+                block_tokens,
+                &decision,
+                request_id,
+            )
+            .await,
+        )
+    } else {
+        None
+    };
     let mut tried: Vec<ReplicaId> = Vec::new();
     let mut current = decision.replica;
     let mut last_error = String::new();
-    let attempts = state.config.max_attempts;
-    for attempt in 0..attempts {
+    let mut attempts = state.config.max_attempts;
+    let mut attempt = 0;
+    while attempt < attempts {
         let Some(replica) = fleet.replica(current).cloned() else {
             last_error = format!("replica {current} left the fleet");
             break;
@@ -196,8 +238,14 @@ pub async fn forward(
         tried.push(current);
         ticket.replica = Some(replica.clone());
         replica.routed_total.fetch_add(1, Ordering::Relaxed);
-        match attempt_once(&replica, route, &headers, body.clone()).await {
+        let split_leg = pd.as_ref().and_then(|plan| plan.decode_body.clone());
+        let is_split = split_leg.is_some();
+        let leg = split_leg.unwrap_or_else(|| body.clone());
+        match attempt_once(&replica, route, &headers, leg, is_split).await {
             Ok(upstream) => {
+                if is_split {
+                    state.metrics.pd_decode_first_byte.observe(started.elapsed());
+                }
                 if upstream.status.is_success() {
                     state.observe_health(&replica, true);
                 }
@@ -221,7 +269,8 @@ pub async fn forward(
                 );
                 let branch = decision.branch;
                 // The index's prediction of the engine's cached tokens, when the pick served it.
-                if input.token_exact && tried.len() == 1 {
+                // Not for a split: the decode replica reports the transferred tokens as cached.
+                if input.token_exact && tried.len() == 1 && !is_split {
                     ticket.prediction =
                         decision.chosen().and_then(|chosen| chosen.matched_blocks).map(|blocks| {
                             Arc::new(CachePrediction::new(
@@ -243,17 +292,34 @@ pub async fn forward(
                         attempts: attempts_urls,
                         error: None,
                         cached_tokens: ticket.prediction.clone(),
+                        pd: pd.as_ref().map(|plan| plan.record.clone()),
                     },
                     first_block,
                     replica.id,
                 );
-                return relay(ticket, replica, upstream, trace, branch, policy_version, started);
+                let mut response = relay(ticket, replica, upstream, trace, branch, policy_version, started);
+                if let Some(plan) = &pd {
+                    plan.annotate(response.headers_mut());
+                }
+                return response;
             }
             Err(error) => {
-                last_error = error;
+                last_error = error.message;
                 replica.errors_total.fetch_add(1, Ordering::Relaxed);
-                state.observe_health(&replica, false);
                 replica.requests.count(502);
+                if is_split
+                    && error.answered
+                    && let Some(plan) = &mut pd
+                {
+                    // The decode replica is up but could not load the transferred KV: the same replica
+                    // prefills the prompt itself, and that attempt is not one of the retries.
+                    plan.fall_back(&state, format!("the decode leg failed: {last_error}"));
+                    tracing::warn!(replica = %replica.spec.url, error = %last_error, "P/D decode leg failed; prefilling locally");
+                    attempts += 1;
+                    attempt += 1;
+                    continue;
+                }
+                state.observe_health(&replica, false);
                 tracing::warn!(replica = %replica.spec.url, error = %last_error, "attempt failed before the first byte");
             }
         }
@@ -266,6 +332,7 @@ pub async fn forward(
         }
         state.metrics.retries.fetch_add(1, Ordering::Relaxed);
         current = next;
+        attempt += 1;
     }
     let message = format!(
         "no replica could serve the request after {} attempt(s); last error: {last_error}",
@@ -303,6 +370,7 @@ pub async fn forward(
             attempts: tried_urls,
             error: Some(message.clone()),
             cached_tokens: None,
+            pd: pd.as_ref().map(|plan| plan.record.clone()),
         },
         None,
         current,
@@ -374,21 +442,34 @@ fn next_replica(fleet: &FleetView, decision: &Decision, tried: &[ReplicaId]) -> 
         .map(|candidate| candidate.replica)
 }
 
-/// One attempt at one replica: `Ok` once it produced its first body chunk.
+/// Why an attempt failed before its first byte.
+struct AttemptError {
+    message: String,
+    /// The replica answered (a 5xx, or an error event first): it is up, the request failed there.
+    answered: bool,
+}
+
+/// One attempt at one replica: `Ok` once it produced its first body chunk. A P/D decode leg (`split_leg`)
+/// whose first chunk is an error event failed too (the KV transfer, before any token).
 async fn attempt_once(
     replica: &Replica,
     route: Route,
     headers: &HeaderMap,
     body: Bytes,
-) -> Result<Committed, String> {
+    split_leg: bool,
+) -> Result<Committed, AttemptError> {
+    let unreachable = |message: String| AttemptError { message, answered: false };
     let upstream = replica
         .connections
         .post(route, headers, body)
         .await
-        .map_err(|error| format!("{} unreachable: {error}", replica.spec.url))?;
+        .map_err(|error| unreachable(format!("{} unreachable: {error}", replica.spec.url)))?;
     let status = upstream.status();
     if status.is_server_error() {
-        return Err(format!("{} answered {status}", replica.spec.url));
+        return Err(AttemptError {
+            message: format!("{} answered {status}", replica.spec.url),
+            answered: true,
+        });
     }
     let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
     let mut rest = upstream.into_body();
@@ -396,10 +477,19 @@ async fn attempt_once(
     let first = match rest.next_chunk().await {
         Some(Ok(chunk)) => Some(chunk),
         Some(Err(error)) => {
-            return Err(format!("{} failed before its first byte: {error}", replica.spec.url));
+            return Err(unreachable(format!("{} failed before its first byte: {error}", replica.spec.url)));
         }
         None => None,
     };
+    if split_leg
+        && let Some(chunk) = &first
+        && USAGE_PATTERNS.error_event.iter().any(|pattern| pattern.find(chunk).is_some())
+    {
+        return Err(AttemptError {
+            message: format!("{} sent an error event before any token", replica.spec.url),
+            answered: true,
+        });
+    }
     let complete = length.is_some_and(|n| first.as_ref().map_or(0, |b| b.len() as u64) == n);
     Ok(Committed { status, content_type, complete, first, rest })
 }

@@ -13,13 +13,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
-use fleet_policy::{Decision, Engine, HashingParams, PolicySpec, ReplicaId, ReplicaNames, SpecError};
+use fleet_policy::{
+    Decision, Engine, HashingParams, PdReason, PolicySpec, ReplicaId, ReplicaNames, SpecError,
+};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ReplicaSpec, RouterConfig};
+use crate::config::{ReplicaRole, ReplicaSpec, RouterConfig};
 use crate::health::HealthTracker;
 use crate::metrics::{Metrics, ReplicaGauges};
 use crate::recording::Recorder;
@@ -103,13 +105,40 @@ pub struct PolicyEngine {
     pub rng: SmallRng,
 }
 
-/// The replicas serving one model, with their engine.
+/// The replicas serving one model, with their engines.
 #[derive(Debug)]
 pub struct Group {
     /// The model name ("" for replicas whose model is unknown).
     pub model: String,
-    /// The group's engine.
+    /// The group's engine, over its `both` and `decode` replicas: whole requests and decode legs.
     pub engine: Mutex<PolicyEngine>,
+    /// The engine over its `prefill` replicas (P/D mode's prefill picks), running [`prefill_spec`].
+    pub prefill: Mutex<PolicyEngine>,
+}
+
+impl Group {
+    /// The engine that knows replicas of `role`.
+    pub fn engine_for(&self, role: ReplicaRole) -> &Mutex<PolicyEngine> {
+        match role {
+            ReplicaRole::Prefill => &self.prefill,
+            ReplicaRole::Both | ReplicaRole::Decode => &self.engine,
+        }
+    }
+}
+
+/// The spec the prefill pool's engine runs for the policy `spec`: the policy itself when it is cache-aware
+/// (`cache_aware_approx`, `kv_precise`, `weighted_scorers`), else `cache_aware_approx` with the policy's
+/// hashing, so a prefill pick always follows the prefix (the prefill replica that holds most of the prompt).
+pub fn prefill_spec(spec: &PolicySpec) -> PolicySpec {
+    match spec.policy.as_str() {
+        "cache_aware_approx" | "kv_precise" | "weighted_scorers" => spec.clone(),
+        _ => {
+            let hashing = spec.resolve().map(|policy| policy.hashing()).unwrap_or_default();
+            PolicySpec::named("cache_aware_approx")
+                .with("block_tokens", hashing.block_tokens)
+                .with("chunk_bytes", hashing.chunk_bytes)
+        }
+    }
 }
 
 /// One immutable view of the fleet.
@@ -119,6 +148,9 @@ pub struct FleetView {
     pub replicas: Vec<Arc<Replica>>,
     /// Groups by model.
     pub groups: BTreeMap<String, Arc<Group>>,
+    /// Whether any replica has the prefill role (P/D mode is possible): the hot path's one check
+    /// otherwise.
+    pub has_prefill: bool,
 }
 
 /// Why a request's model has no replicas.
@@ -144,6 +176,12 @@ pub enum GroupError {
 }
 
 impl FleetView {
+    /// A view of `replicas` in `groups`.
+    pub fn new(replicas: Vec<Arc<Replica>>, groups: BTreeMap<String, Arc<Group>>) -> Self {
+        let has_prefill = replicas.iter().any(|replica| replica.spec.role == ReplicaRole::Prefill);
+        Self { replicas, groups, has_prefill }
+    }
+
     /// The group that serves `model`.
     pub fn group_for(&self, model: Option<&str>) -> Result<&Arc<Group>, GroupError> {
         // The hot path: the model's own group, or the only one. The model lists are built only for errors.
@@ -272,6 +310,53 @@ pub struct DecisionRecord {
     /// once its answer reported one; absent when no prediction was made (see [`CachePrediction`]).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "shared_prediction")]
     pub cached_tokens: Option<Arc<CachePrediction>>,
+    /// P/D mode (the group has prefill replicas): split or local, why, and the prefill pick.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pd: Option<PdRecord>,
+}
+
+/// A P/D decision as the decision log keeps it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PdRecord {
+    /// `split` (a remote prefill leg, then the decode leg) or `local` (prefilled at the decode replica).
+    pub branch: &'static str,
+    /// The rule that decided (`transfer_failed` when a split fell back to a local prefill).
+    pub reason: PdReason,
+    /// The decision's sentence, with the figures and thresholds it compared.
+    pub explanation: String,
+    /// Prompt tokens the decode pick holds by the index.
+    pub cached_at_decode: u32,
+    /// Prompt tokens it lacks.
+    pub uncached_tokens: u32,
+    /// URL of the prefill replica, when split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_replica: Option<String>,
+    /// The prefill engine's explanation of its pick, when split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<Decision>,
+    /// How long the prefill leg took, in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_ms: Option<f64>,
+    /// Why a split was served with a local prefill after all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+}
+
+impl PdRecord {
+    /// An upper bound of its size (as [`DecisionRecord::weight`]).
+    fn weight(&self) -> usize {
+        let text = self.explanation.len()
+            + self.prefill_replica.as_ref().map_or(0, String::len)
+            + self.fallback.as_ref().map_or(0, String::len)
+            + self.prefill.as_ref().map_or(0, |d| {
+                d.policy.len()
+                    + d.reason.len()
+                    + d.notes.iter().map(String::len).sum::<usize>()
+                    + d.candidates.iter().filter_map(|c| c.note.as_ref()).map(String::len).sum::<usize>()
+            });
+        let candidates = self.prefill.as_ref().map_or(0, |d| d.candidates.len());
+        256 + 256 * candidates + 6 * text
+    }
 }
 
 fn shared_prediction<S: serde::Serializer>(
@@ -343,7 +428,8 @@ impl DecisionRecord {
             + self.attempts.iter().map(String::len).sum::<usize>()
             + self.error.as_ref().map_or(0, String::len);
         let prediction = self.cached_tokens.as_ref().map_or(0, |_| 128);
-        384 + 256 * decision.candidates.len() + 6 * text + prediction
+        let pd = self.pd.as_ref().map_or(0, PdRecord::weight);
+        384 + 256 * decision.candidates.len() + 6 * text + prediction + pd
     }
 }
 
@@ -569,7 +655,7 @@ impl RouterState {
         if let Some(previous) = &previous {
             // Out of its old group first: its engine never picks it again, and an emptied group goes.
             if let Some(group) = groups.get(&previous.model) {
-                lock(&group.engine).engine.remove_replica(previous.id);
+                lock(group.engine_for(previous.spec.role)).engine.remove_replica(previous.id);
             }
             replicas.retain(|r| !Arc::ptr_eq(r, previous));
             if !replicas.iter().any(|r| r.model == previous.model) {
@@ -584,6 +670,9 @@ impl RouterState {
                 let mut engine = Engine::new(policy.spec.clone(), &[]).map_err(AddReplicaError::Policy)?;
                 // Scraped engine figures count for a bounded time; then the policies use the own counts.
                 engine.set_metrics_max_age(self.config.engine_metrics.max_age_ms());
+                let mut prefill =
+                    Engine::new(prefill_spec(&policy.spec), &[]).map_err(AddReplicaError::Policy)?;
+                prefill.set_metrics_max_age(self.config.engine_metrics.max_age_ms());
                 let group = Arc::new(Group {
                     model: model.clone(),
                     engine: Mutex::new(PolicyEngine {
@@ -591,15 +680,20 @@ impl RouterState {
                         version: policy.version,
                         rng: SmallRng::seed_from_u64(self.config.seed ^ u64::from(id.0)),
                     }),
+                    prefill: Mutex::new(PolicyEngine {
+                        engine: prefill,
+                        version: policy.version,
+                        rng: SmallRng::seed_from_u64(self.config.seed ^ u64::from(id.0) ^ 0x9e37_79b9),
+                    }),
                 });
                 groups.insert(model.clone(), group.clone());
                 group
             }
         };
         replicas.push(replica.clone());
-        self.fleet.store(Arc::new(FleetView { replicas, groups }));
+        self.fleet.store(Arc::new(FleetView::new(replicas, groups)));
         {
-            let mut engine = lock(&group.engine);
+            let mut engine = lock(group.engine_for(replica.spec.role));
             engine.engine.add_replica(id);
             if !replica.healthy() {
                 let _ = engine.engine.set_health(id, false);
@@ -637,13 +731,13 @@ impl RouterState {
         let mut groups = current.groups.clone();
         // Teach the engine first, then publish the view: the engine never picks it once it is gone.
         if let Some(group) = groups.get(&replica.model) {
-            lock(&group.engine).engine.remove_replica(id);
+            lock(group.engine_for(replica.spec.role)).engine.remove_replica(id);
         }
         let replicas: Vec<Arc<Replica>> = current.replicas.iter().filter(|r| r.id != id).cloned().collect();
         if !replicas.iter().any(|r| r.model == replica.model) {
             groups.remove(&replica.model);
         }
-        self.fleet.store(Arc::new(FleetView { replicas, groups }));
+        self.fleet.store(Arc::new(FleetView::new(replicas, groups)));
         replica.removed.cancel();
         Some(replica)
     }
@@ -654,7 +748,7 @@ impl RouterState {
         if let Some(healthy) = change {
             replica.healthy.store(healthy, Ordering::Relaxed);
             if let Some(group) = self.fleet.load().groups.get(&replica.model) {
-                let _ = lock(&group.engine).engine.set_health(replica.id, healthy);
+                let _ = lock(group.engine_for(replica.spec.role)).engine.set_health(replica.id, healthy);
             }
             if healthy {
                 tracing::info!(replica = %replica.spec.url, "replica back in rotation");
@@ -742,6 +836,11 @@ impl RouterState {
             if engine.engine.reconfigure(next.spec.clone()).is_ok() {
                 engine.version = next.version;
             }
+            drop(engine);
+            let mut prefill = lock(&group.prefill);
+            if prefill.engine.reconfigure(prefill_spec(&next.spec)).is_ok() {
+                prefill.version = next.version;
+            }
         }
         admin.history.push_back(next.clone());
         while admin.history.len() > POLICY_HISTORY {
@@ -819,10 +918,9 @@ impl RouterState {
         let now_ms = self.now_ms();
         let max_age_ms = self.config.engine_metrics.max_age_ms();
         for replica in &fleet.replicas {
-            let status = fleet
-                .groups
-                .get(&replica.model)
-                .and_then(|group| lock(&group.engine).engine.replica_status_at(replica.id, now_ms));
+            let status = fleet.groups.get(&replica.model).and_then(|group| {
+                lock(group.engine_for(replica.spec.role)).engine.replica_status_at(replica.id, now_ms)
+            });
             let (outstanding, prefill_tokens, indexed_blocks) = status.as_ref().map_or((0, 0, 0), |s| {
                 (s.outstanding, s.prefill_tokens, s.routed_index_blocks + s.kv_blocks[0])
             });
@@ -855,6 +953,7 @@ impl RouterState {
                 "id": replica.id.0,
                 "url": replica.spec.url,
                 "model": replica.model,
+                "role": replica.spec.role.as_str(),
                 "healthy": replica.healthy(),
                 "outstanding": outstanding,
                 "prefill_tokens": prefill_tokens,
@@ -932,7 +1031,9 @@ impl RouterState {
                 let outstanding = fleet
                     .groups
                     .get(&replica.model)
-                    .and_then(|group| lock(&group.engine).engine.replica_status(replica.id))
+                    .and_then(|group| {
+                        lock(group.engine_for(replica.spec.role)).engine.replica_status(replica.id)
+                    })
                     .map_or(0, |status| status.outstanding);
                 ReplicaGauges {
                     url: replica.spec.url.clone(),

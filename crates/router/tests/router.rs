@@ -22,6 +22,8 @@ mod limits;
 mod load;
 #[path = "router/openai_client.rs"]
 mod openai_client;
+#[path = "router/pd.rs"]
+mod pd;
 #[path = "router/resilience.rs"]
 mod resilience;
 #[path = "router/routing.rs"]
