@@ -183,31 +183,6 @@ async fn a_llamacpp_replica_killed_mid_stream_ends_the_clients_stream_with_an_er
         "stream": true,
     });
     let response = client.post(format!("{}/v1/chat/completions", router.url())).json(&body).send().await?;
-    assert_eq!(response.status(), 200);
-    let mut stream = response.bytes_stream();
-    let mut sse = String::new();
-    // Some tokens arrive, then the replica dies.
-    while sse.matches("data: ").count() < 3 {
-        let chunk = stream.next().await.context("the stream ended before three events")??;
-        sse.push_str(std::str::from_utf8(&chunk)?);
-    }
-    server.kill();
-    let rest = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut rest = String::new();
-        while let Some(chunk) = stream.next().await {
-            match chunk {
-                Ok(bytes) => rest.push_str(&String::from_utf8_lossy(&bytes)),
-                Err(_) => break,
-            }
-        }
-        rest
-    })
-    .await
-    .context("the client's stream hung after the replica died")?;
-    assert!(!rest.contains("[DONE]"), "a cut stream must not look finished: {rest}");
-    let last = rest.split("\n\n").filter(|e| e.starts_with("data: ")).last().unwrap_or_default();
-    let event: Value =
-        serde_json::from_str(last.trim_start_matches("data: ")).context(format!("last event {last:?}"))?;
-    assert!(event["error"].is_object(), "the stream ends with an error event: {last}");
+    crate::streams::kill_mid_stream_and_expect_an_error_event(response, || server.kill()).await?;
     Ok(())
 }

@@ -5,6 +5,7 @@
 //!   them behind two fleet-routers (every view's figures, a canary promoted and one rolled back, a server
 //!   killed mid-stream). kv_precise on vLLM's KV events is in fleet-router's own tests (`vllm.rs`).
 //! - [`stack`]: emulated replicas behind fleet-router, driven by a real HTTP client.
+//! - [`streams`]: the shared check of a stream cut short by a replica that dies.
 //! - [`app`]: the `fleetdeck` binary in headless mode: its API, its history file, bad endpoints.
 //! - [`browser`]: headless Chromium loading the headless app's UI.
 //! - [`rollout`]: the policy loop in Chromium: edit, what-if, push, canary rollback, history.
@@ -28,5 +29,6 @@ mod probe;
 mod rollout;
 mod security;
 mod stack;
+mod streams;
 mod views;
 mod vllm;

@@ -89,6 +89,24 @@ async fn burst(router: &str, n: usize, concurrency: usize) -> Result<usize> {
     Ok(ok)
 }
 
+/// Replaces `router`'s policy with `spec` through its admin API, conditioned on the version it runs now;
+/// returns the new version.
+async fn put_policy(client: &reqwest::Client, router: &str, token: &str, spec: &str) -> Result<u64> {
+    let url = format!("{router}/admin/policy");
+    let current: Value = client.get(&url).bearer_auth(token).send().await?.error_for_status()?.json().await?;
+    let version = current["version"].as_u64().context("GET /admin/policy has a version")?;
+    client
+        .put(&url)
+        .bearer_auth(token)
+        .header("if-match", format!("\"{version}\""))
+        .header("content-type", "application/json")
+        .body(spec.to_owned())
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(version + 1)
+}
+
 #[tokio::test]
 async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<()> {
     let db_dir = tempfile::tempdir()?;
@@ -172,17 +190,13 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     // requests it takes to pass 60% depends on how much of the demo's own traffic is in the router's heat
     // window (five minutes), which grows with how long the steps above took: so the burst goes on in
     // rounds until the warning shows, and the map's largest shares name a failure.
-    let admin = |req: reqwest::RequestBuilder| req.bearer_auth(token.trim());
-    let current: Value =
-        admin(client.get(format!("{router}/admin/policy"))).send().await?.error_for_status()?.json().await?;
-    let version = current["version"].as_u64().context("GET /admin/policy has a version")?;
-    admin(client.put(format!("{router}/admin/policy")))
-        .header("if-match", format!("\"{version}\""))
-        .header("content-type", "application/json")
-        .body(r#"{"policy": "cache_aware_approx", "params": {"load_guard": false}}"#)
-        .send()
-        .await?
-        .error_for_status()?;
+    put_policy(
+        &client,
+        &router,
+        token.trim(),
+        r#"{"policy": "cache_aware_approx", "params": {"load_guard": false}}"#,
+    )
+    .await?;
     let mut warning = None;
     for round in 0..6 {
         let sent = burst(&router, 300, 4).await?;
@@ -269,19 +283,10 @@ async fn chromium_walks_every_view_of_the_demo_fleet_with_live_data() -> Result<
     .await?;
     assert!(browser.current_url().await?.fragment().unwrap_or_default().starts_with("/replica/"));
     // Change the router's policy through its admin API; the chart marks the moment.
-    let current: Value =
-        admin(client.get(format!("{router}/admin/policy"))).send().await?.error_for_status()?.json().await?;
-    let version = current["version"].as_u64().context("GET /admin/policy has a version")?;
-    admin(client.put(format!("{router}/admin/policy")))
-        .header("if-match", format!("\"{version}\""))
-        .header("content-type", "application/json")
-        .body(r#"{"policy": "least_load"}"#)
-        .send()
-        .await?
-        .error_for_status()?;
+    let version = put_policy(&client, &router, token.trim(), r#"{"policy": "least_load"}"#).await?;
     eventually("the policy change marker on the charts", Duration::from_secs(30), || async {
         let html = browser.find(Locator::Css("[data-testid=chart-ttft]")).await?.html(true).await?;
-        Ok(html.contains(&format!("least_load v{}", version + 1)).then_some(()))
+        Ok(html.contains(&format!("least_load v{version}")).then_some(()))
     })
     .await?;
     screenshot(&browser, "view-replica.png").await?;

@@ -292,27 +292,6 @@ async fn the_app_watches_routes_and_rolls_out_over_real_vllm() -> Result<()> {
     let stream_client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build()?;
     let response =
         stream_client.post(format!("{}/v1/chat/completions", lone.url())).json(&body).send().await?;
-    assert_eq!(response.status(), 200);
-    let mut stream = response.bytes_stream();
-    let mut sse = String::new();
-    while sse.matches("data: ").count() < 3 {
-        let chunk = stream.next().await.context("the stream ended before three events")??;
-        sse.push_str(std::str::from_utf8(&chunk)?);
-    }
-    servers[1].kill();
-    let rest = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut rest = String::new();
-        while let Some(Ok(bytes)) = stream.next().await {
-            rest.push_str(&String::from_utf8_lossy(&bytes));
-        }
-        rest
-    })
-    .await
-    .context("the client's stream hung after vLLM died")?;
-    assert!(!rest.contains("[DONE]"), "a cut stream must not look finished: {rest}");
-    let last = rest.split("\n\n").filter(|e| e.starts_with("data: ")).last().unwrap_or_default();
-    let event: Value =
-        serde_json::from_str(last.trim_start_matches("data: ")).context(format!("last event {last:?}"))?;
-    assert!(event["error"].is_object(), "the stream ends with an error event: {last}");
+    crate::streams::kill_mid_stream_and_expect_an_error_event(response, || servers[1].kill()).await?;
     Ok(())
 }

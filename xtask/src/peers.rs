@@ -76,20 +76,20 @@ fn mooncake_speedup() -> f64 {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Fleet,
     Smg,
     VllmRouter,
 }
 
 #[derive(Debug, Clone, Copy)]
-struct RouterSpec {
-    kind: Kind,
-    policy: &'static str,
+pub(crate) struct RouterSpec {
+    pub(crate) kind: Kind,
+    pub(crate) policy: &'static str,
 }
 
 impl RouterSpec {
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match self.kind {
             Kind::Fleet => format!("fleet-router {}", self.policy),
             Kind::Smg => format!("smg {}", self.policy),
@@ -322,58 +322,84 @@ fn start_router(
             }
             (bin.join("fleet-router"), args)
         }
-        Kind::Smg | Kind::VllmRouter => {
-            let (program, log_level) =
-                if router.kind == Kind::Smg { ("smg", "warn") } else { ("vllm-router", "warning") };
-            let mut args = Vec::new();
-            if router.kind == Kind::Smg {
-                args.push("launch".to_owned());
-            }
-            let metrics_port = free_port()?;
-            args.extend(
-                [
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    &port.to_string(),
-                    "--prometheus-host",
-                    "127.0.0.1",
-                    "--prometheus-port",
-                    &metrics_port.to_string(),
-                    "--policy",
-                    router.policy,
-                    "--log-level",
-                    log_level,
-                    "--worker-urls",
-                ]
-                .map(str::to_owned),
-            );
-            args.extend(fleet.urls.iter().cloned());
-            (venv.join("bin").join(program), args)
-        }
+        Kind::Smg | Kind::VllmRouter => peer_command(router, port, &fleet.urls, venv, &[])?,
     };
+    let guard = spawn_router(router, &program, &args, port, dir, Duration::from_secs(60))?;
+    Ok((guard, format!("http://127.0.0.1:{port}")))
+}
+
+/// Starts `program args` (a router listening on `port`), its output in `dir`'s log named after `router`, and
+/// waits until it answers `/v1/models` within `ready_within`.
+pub(crate) fn spawn_router(
+    router: &RouterSpec,
+    program: &Path,
+    args: &[String],
+    port: u16,
+    dir: &Path,
+    ready_within: Duration,
+) -> Result<Guard> {
     let log_path = dir.join(format!("{}.log", router.name().replace(' ', "-")));
     let log = File::create(&log_path).map_err(|e| e.to_string())?;
     let log_err = log.try_clone().map_err(|e| e.to_string())?;
-    let child = Command::new(&program)
-        .args(&args)
+    let child = Command::new(program)
+        .args(args)
         .stdout(log)
         .stderr(log_err)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
     let guard = Guard(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + ready_within;
     while http_status(port, "/v1/models") != Some(200) {
         if Instant::now() > deadline {
             return Err(format!(
-                "{} did not answer /v1/models within 60 s; see {}",
+                "{} did not answer /v1/models within {} s; see {}",
                 router.name(),
+                ready_within.as_secs(),
                 log_path.display()
             ));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Ok((guard, format!("http://127.0.0.1:{port}")))
+    Ok(guard)
+}
+
+/// The command line of a peer router (SMG or vllm-router from the venv) on `port` over `urls`, its Prometheus
+/// endpoint on another free port; `extra` flags go before the worker list.
+pub(crate) fn peer_command(
+    router: &RouterSpec,
+    port: u16,
+    urls: &[String],
+    venv: &Path,
+    extra: &[String],
+) -> Result<(PathBuf, Vec<String>)> {
+    let (program, log_level) =
+        if router.kind == Kind::Smg { ("smg", "warn") } else { ("vllm-router", "warning") };
+    let mut args = Vec::new();
+    if router.kind == Kind::Smg {
+        args.push("launch".to_owned());
+    }
+    let metrics_port = free_port()?;
+    args.extend(
+        [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &metrics_port.to_string(),
+            "--policy",
+            router.policy,
+            "--log-level",
+            log_level,
+        ]
+        .map(str::to_owned),
+    );
+    args.extend_from_slice(extra);
+    args.push("--worker-urls".to_owned());
+    args.extend(urls.iter().cloned());
+    Ok((venv.join("bin").join(program), args))
 }
 
 /// The status of `GET path` on a loopback port (HTTP/1.0, bounded waits), or None.

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::peers::{ensure_peers, http_status};
+use crate::peers::{Kind, RouterSpec, ensure_peers, http_status, peer_command, spawn_router};
 use crate::procs::{Guard, free_port};
 use crate::real::{Row, bench_once, curl, metric, write_trace};
 use crate::vllm::{Vllm, ensure_vllm};
@@ -47,29 +47,6 @@ fn kv_blocks() -> u32 {
 const MAX_MODEL_LEN: u32 = 4096;
 const MAX_NUM_SEQS: u32 = 8;
 const MAX_BATCHED_TOKENS: u32 = 4096;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Fleet,
-    Smg,
-    VllmRouter,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct RouterSpec {
-    kind: Kind,
-    policy: &'static str,
-}
-
-impl RouterSpec {
-    fn name(self) -> String {
-        match self.kind {
-            Kind::Fleet => format!("fleet-router {}", self.policy),
-            Kind::Smg => format!("smg {}", self.policy),
-            Kind::VllmRouter => format!("vllm-router {}", self.policy),
-        }
-    }
-}
 
 const ROUTERS: [RouterSpec; 6] = [
     RouterSpec { kind: Kind::Fleet, policy: "round_robin" },
@@ -303,62 +280,20 @@ fn start_router(
             (bin.join("fleet-router"), args)
         }
         Kind::Smg | Kind::VllmRouter => {
-            let (program, log_level) =
-                if router.kind == Kind::Smg { ("smg", "warn") } else { ("vllm-router", "warning") };
-            let mut args = Vec::new();
-            if router.kind == Kind::Smg {
-                args.push("launch".to_owned());
-            }
-            let metrics_port = free_port()?;
-            for arg in [
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                &metrics_port.to_string(),
-                "--policy",
-                router.policy,
-                "--log-level",
-                log_level,
-            ] {
-                args.push(arg.to_owned());
-            }
+            let mut extra = Vec::new();
             if router.policy == "kv_aware" {
                 for server in servers {
-                    args.push("--kv-event-source".to_owned());
-                    args.push(format!("{}=tcp://127.0.0.1:{}", server.url, server.kv_port));
+                    extra.push("--kv-event-source".to_owned());
+                    extra.push(format!("{}=tcp://127.0.0.1:{}", server.url, server.kv_port));
                 }
-                args.extend(["--kv-event-block-size".to_owned(), BLOCK_SIZE.to_string()]);
-                args.extend(["--kv-event-model".to_owned(), vllm.model.to_string_lossy().into_owned()]);
+                extra.extend(["--kv-event-block-size".to_owned(), BLOCK_SIZE.to_string()]);
+                extra.extend(["--kv-event-model".to_owned(), vllm.model.to_string_lossy().into_owned()]);
             }
-            args.push("--worker-urls".to_owned());
-            args.extend(servers.iter().map(|s| s.url.clone()));
-            (venv.join("bin").join(program), args)
+            let urls: Vec<String> = servers.iter().map(|s| s.url.clone()).collect();
+            peer_command(&router, port, &urls, venv, &extra)?
         }
     };
-    let log_path = dir.join(format!("{}.log", router.name().replace(' ', "-")));
-    let log = File::create(&log_path).map_err(|e| e.to_string())?;
-    let child = Command::new(&program)
-        .args(&args)
-        .stdout(log.try_clone().map_err(|e| e.to_string())?)
-        .stderr(log)
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
-    let guard = Guard(child);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while http_status(port, "/v1/models") != Some(200) {
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{} did not answer /v1/models within 90 s; see {}",
-                router.name(),
-                log_path.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let guard = spawn_router(&router, &program, &args, port, dir, Duration::from_secs(90))?;
     Ok((guard, format!("http://127.0.0.1:{port}")))
 }
 

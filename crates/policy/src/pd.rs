@@ -12,6 +12,57 @@ use serde_json::{Map, Value};
 
 use crate::spec::{ParamDoc, ParamKind, SpecError};
 
+/// A replica's part in prefill/decode disaggregation, as fleet-router's replica specs and fleet-sim's
+/// `--role` name it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Prefill and decode: whole requests, and decode legs (no disaggregation; the default).
+    #[default]
+    Both,
+    /// Computes prompts and holds their KV for a decode replica (vLLM `kv_producer`, SGLang
+    /// `--disaggregation-mode prefill`); never picked for a whole request.
+    Prefill,
+    /// Pulls prompts' KV and decodes (vLLM `kv_consumer`, SGLang `--disaggregation-mode decode`), and serves
+    /// whole requests when the router prefills locally.
+    Decode,
+}
+
+impl Role {
+    /// Its name in a replica spec, a flag and `/admin/state`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Both => "both",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A role name that is none of `prefill`, `decode` and `both`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a replica role; use prefill, decode or both (the default)")]
+pub struct UnknownRole(pub String);
+
+impl std::str::FromStr for Role {
+    type Err = UnknownRole;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "both" => Ok(Role::Both),
+            "prefill" => Ok(Role::Prefill),
+            "decode" => Ok(Role::Decode),
+            other => Err(UnknownRole(other.to_owned())),
+        }
+    }
+}
+
 /// The `pd` section of a policy spec, resolved (every field at its default when omitted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PdParams {

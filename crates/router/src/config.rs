@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use fleet_policy::PolicySpec;
+use fleet_policy::pd::Role;
 
 /// A configuration value that cannot be used, with what is wrong and how to fix it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -42,48 +43,7 @@ pub struct ReplicaSpec {
     /// ZMQ ROUTER endpoint of the replica's event replay socket (vLLM `replay_endpoint`).
     pub kv_replay: Option<String>,
     /// Its part in prefill/decode disaggregation.
-    pub role: ReplicaRole,
-}
-
-/// A replica's part in prefill/decode disaggregation (`role=` in a replica spec).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum ReplicaRole {
-    /// Serves whole requests, and decode legs (the default).
-    #[default]
-    Both,
-    /// Serves prefill legs only (`kv_transfer_params.do_remote_decode`); never picked for a whole request.
-    Prefill,
-    /// Serves decode legs, and whole requests when the router prefills locally.
-    Decode,
-}
-
-impl ReplicaRole {
-    /// Its name in a replica spec and in `/admin/state`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Both => "both",
-            Self::Prefill => "prefill",
-            Self::Decode => "decode",
-        }
-    }
-}
-
-impl FromStr for ReplicaRole {
-    type Err = ConfigError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "both" => Ok(Self::Both),
-            "prefill" => Ok(Self::Prefill),
-            "decode" => Ok(Self::Decode),
-            other => Err(ConfigError::new(
-                "replica",
-                format!(
-                    "role={other:?} is not a replica role; use role=prefill, role=decode or role=both (the default)"
-                ),
-            )),
-        }
-    }
+    pub role: Role,
 }
 
 impl ReplicaSpec {
@@ -94,7 +54,7 @@ impl ReplicaSpec {
             model: None,
             kv_events: None,
             kv_replay: None,
-            role: ReplicaRole::Both,
+            role: Role::Both,
         }
     }
 
@@ -139,7 +99,16 @@ impl FromStr for ReplicaSpec {
                 "model" => spec.model = Some(value),
                 "kv" => spec.kv_events = Some(check_zmq_endpoint(&value)?),
                 "kv_replay" => spec.kv_replay = Some(check_zmq_endpoint(&value)?),
-                "role" => spec.role = value.parse()?,
+                "role" => {
+                    spec.role = value.parse().map_err(|_| {
+                        ConfigError::new(
+                            "replica",
+                            format!(
+                                "role={value:?} is not a replica role; use role=prefill, role=decode or role=both (the default)"
+                            ),
+                        )
+                    })?
+                }
                 other => {
                     return Err(ConfigError::new(
                         "replica",
@@ -166,7 +135,7 @@ impl fmt::Display for ReplicaSpec {
         if let Some(replay) = &self.kv_replay {
             write!(f, ",kv_replay={replay}")?;
         }
-        if self.role != ReplicaRole::Both {
+        if self.role != Role::Both {
             write!(f, ",role={}", self.role.as_str())?;
         }
         Ok(())
@@ -554,10 +523,10 @@ mod tests {
     #[test]
     fn replica_roles_parse_round_trip_and_a_bad_one_names_the_fix() {
         let cases = [
-            ("http://a:1", ReplicaRole::Both),
-            ("http://a:1,role=both", ReplicaRole::Both),
-            ("http://a:1,role=prefill", ReplicaRole::Prefill),
-            ("http://a:1,model=m,role=decode", ReplicaRole::Decode),
+            ("http://a:1", Role::Both),
+            ("http://a:1,role=both", Role::Both),
+            ("http://a:1,role=prefill", Role::Prefill),
+            ("http://a:1,model=m,role=decode", Role::Decode),
         ];
         for (text, role) in cases {
             let spec: ReplicaSpec = text.parse().unwrap();

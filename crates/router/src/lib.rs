@@ -65,8 +65,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use config::{
-    AdminToken, ConfigError, EngineMetricsConfig, HealthConfig, RecordConfig, ReplicaRole, ReplicaSpec,
-    RouterConfig, TlsConfig,
+    AdminToken, ConfigError, EngineMetricsConfig, HealthConfig, RecordConfig, ReplicaSpec, RouterConfig,
+    TlsConfig,
 };
 pub use etcd_policy::EtcdPolicySource;
 pub use routing_key::Tokenize;

@@ -19,10 +19,10 @@ use axum::http::{HeaderMap, HeaderValue};
 use fleet_policy::{Decision, PdInputs, PdReason, RequestView, decide_pd};
 use serde_json::{Value, json};
 
-use crate::config::ReplicaRole;
 use crate::proxy::{PD_HEADER, PREFILL_REPLICA_HEADER};
 use crate::routing_key::Route;
 use crate::state::{FleetView, Group, PdRecord, Replica, RouterState, lock};
+use fleet_policy::pd::Role;
 
 /// Largest prefill-leg answer read (a completion of one token with its `kv_transfer_params`: a block id per
 /// 16 prompt tokens, so a few hundred KiB for the longest prompts).
@@ -34,7 +34,7 @@ pub fn in_pd_mode(fleet: &FleetView, group: &Group) -> bool {
         && fleet
             .replicas
             .iter()
-            .any(|replica| replica.model == group.model && replica.spec.role == ReplicaRole::Prefill)
+            .any(|replica| replica.model == group.model && replica.spec.role == Role::Prefill)
 }
 
 /// A request's P/D decision, and for a split the decode leg's body.

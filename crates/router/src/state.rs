@@ -21,12 +21,13 @@ use rand::rngs::SmallRng;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ReplicaRole, ReplicaSpec, RouterConfig};
+use crate::config::{ReplicaSpec, RouterConfig};
 use crate::health::HealthTracker;
 use crate::metrics::{Metrics, ReplicaGauges};
 use crate::recording::Recorder;
 use crate::routing_key::Tokenize;
 use crate::upstream::{ReplicaConnections, Timeouts};
+use fleet_policy::pd::Role;
 
 /// Versions kept for rollback.
 const POLICY_HISTORY: usize = 100;
@@ -118,10 +119,10 @@ pub struct Group {
 
 impl Group {
     /// The engine that knows replicas of `role`.
-    pub fn engine_for(&self, role: ReplicaRole) -> &Mutex<PolicyEngine> {
+    pub fn engine_for(&self, role: Role) -> &Mutex<PolicyEngine> {
         match role {
-            ReplicaRole::Prefill => &self.prefill,
-            ReplicaRole::Both | ReplicaRole::Decode => &self.engine,
+            Role::Prefill => &self.prefill,
+            Role::Both | Role::Decode => &self.engine,
         }
     }
 }
@@ -178,7 +179,7 @@ pub enum GroupError {
 impl FleetView {
     /// A view of `replicas` in `groups`.
     pub fn new(replicas: Vec<Arc<Replica>>, groups: BTreeMap<String, Arc<Group>>) -> Self {
-        let has_prefill = replicas.iter().any(|replica| replica.spec.role == ReplicaRole::Prefill);
+        let has_prefill = replicas.iter().any(|replica| replica.spec.role == Role::Prefill);
         Self { replicas, groups, has_prefill }
     }
 

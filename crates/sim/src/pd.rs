@@ -24,64 +24,23 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
-/// What a replica does in a disaggregated fleet.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Prefill and decode (no disaggregation; today's behaviour).
-    #[default]
-    Both,
-    /// Computes prompts and holds their KV for a decode replica (vLLM `kv_producer`, SGLang
-    /// `--disaggregation-mode prefill`).
-    Prefill,
-    /// Pulls prompts' KV and decodes (vLLM `kv_consumer`, SGLang `--disaggregation-mode decode`).
-    Decode,
-}
+pub use fleet_policy::pd::Role;
 
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Both => "both",
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-
-    /// vLLM's `kv_role` for this role.
-    pub fn kv_role(self) -> &'static str {
-        match self {
-            Role::Both => "kv_both",
-            Role::Prefill => "kv_producer",
-            Role::Decode => "kv_consumer",
-        }
-    }
-
-    /// SGLang's `disaggregation_mode` for this role.
-    pub fn disaggregation_mode(self) -> &'static str {
-        match self {
-            Role::Both => "null",
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
+/// vLLM's `kv_role` for `role`.
+pub fn kv_role(role: Role) -> &'static str {
+    match role {
+        Role::Both => "kv_both",
+        Role::Prefill => "kv_producer",
+        Role::Decode => "kv_consumer",
     }
 }
 
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Role {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "both" => Ok(Role::Both),
-            "prefill" => Ok(Role::Prefill),
-            "decode" => Ok(Role::Decode),
-            other => Err(format!("unknown role {other:?}; use prefill, decode or both")),
-        }
+/// SGLang's `disaggregation_mode` for `role`.
+pub fn disaggregation_mode(role: Role) -> &'static str {
+    match role {
+        Role::Both => "null",
+        Role::Prefill => "prefill",
+        Role::Decode => "decode",
     }
 }
 

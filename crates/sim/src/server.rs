@@ -148,8 +148,8 @@ async fn server_info(State(replica): State<Arc<Replica>>) -> Json<serde_json::Va
         "model": replica.model_name(),
         "flavor": replica.flavor.name(),
         "role": replica.pd.role,
-        "kv_role": replica.pd.role.kv_role(),
-        "disaggregation_mode": replica.pd.role.disaggregation_mode(),
+        "kv_role": pd::kv_role(replica.pd.role),
+        "disaggregation_mode": pd::disaggregation_mode(replica.pd.role),
         "engine_id": replica.engine_id,
         "kv_transfer": {
             "bytes_per_token": transfer.bytes_per_token,
