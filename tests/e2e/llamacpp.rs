@@ -12,7 +12,6 @@ use fleet_test_support::llamacpp::{
     LLAMACPP_MODEL, LlamaCppOptions, spawn_llama_server, spawn_llama_servers,
 };
 use fleet_test_support::process::{bin_path, spawn_headless_app};
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "llamacpp-e2e-admin-token";

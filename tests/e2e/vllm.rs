@@ -16,7 +16,6 @@ use fleet_test_support::process::{HeadlessApp, spawn_headless};
 use fleet_test_support::vllm::{
     VLLM_BLOCK_SIZE, VLLM_MODEL, VllmOptions, spawn_vllm_server, spawn_vllm_servers,
 };
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 /// A system prompt long enough for a few 32-token blocks.

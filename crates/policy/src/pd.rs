@@ -283,6 +283,22 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
 
+    use super::{Role, UnknownRole};
+
+    #[test]
+    fn roles_parse_and_print_by_name_and_a_typo_names_the_choices() {
+        for role in [Role::Both, Role::Prefill, Role::Decode] {
+            assert_eq!(role.as_str().parse::<Role>(), Ok(role));
+            assert_eq!(role.to_string(), role.as_str());
+        }
+        let typo = "prefil".parse::<Role>().unwrap_err();
+        assert_eq!(typo, UnknownRole("prefil".into()));
+        assert_eq!(
+            typo.to_string(),
+            "\"prefil\" is not a replica role; use prefill, decode or both (the default)"
+        );
+    }
+
     use super::*;
 
     fn params(min_uncached: u32, min_prompt: u32, max_queue: u32) -> PdParams {

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use fleet_policy::PolicySpec;
-use fleet_policy::pd::Role;
+use fleet_policy::Role;
 
 /// A configuration value that cannot be used, with what is wrong and how to fix it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use crate::proxy::{PD_HEADER, PREFILL_REPLICA_HEADER};
 use crate::routing_key::Route;
 use crate::state::{FleetView, Group, PdRecord, Replica, RouterState, lock};
-use fleet_policy::pd::Role;
+use fleet_policy::Role;
 
 /// Largest prefill-leg answer read (a completion of one token with its `kv_transfer_params`: a block id per
 /// 16 prompt tokens, so a few hundred KiB for the longest prompts).

@@ -27,7 +27,7 @@ use crate::metrics::{Metrics, ReplicaGauges};
 use crate::recording::Recorder;
 use crate::routing_key::Tokenize;
 use crate::upstream::{ReplicaConnections, Timeouts};
-use fleet_policy::pd::Role;
+use fleet_policy::Role;
 
 /// Versions kept for rollback.
 const POLICY_HISTORY: usize = 100;

@@ -15,8 +15,6 @@
 //! answers. Parsing here is pure; a malformed field is a [`PdError`] worded for the client.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -24,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
-pub use fleet_policy::pd::Role;
+pub use fleet_policy::Role;
 
 /// vLLM's `kv_role` for `role`.
 pub fn kv_role(role: Role) -> &'static str {
