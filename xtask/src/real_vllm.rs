@@ -95,7 +95,7 @@ pub fn run_real_vllm() -> Result<()> {
     // A warm-up pass, not reported: a fresh vLLM server is slower on its first batches (its CPU kernels
     // warm up), which without it lands on whichever row runs first (round_robin's p95 was 966 ms, then 793).
     println!(
-        "\n== warm-up: the trace straight to the servers ({:.0} s so far)",
+        "\n== warm-up: the trace through round_robin, not reported ({:.0} s so far)",
         started.elapsed().as_secs_f64()
     );
     let (warm_guard, warm_url) = start_router(
