@@ -239,6 +239,27 @@ pub fn engine_load(engine: Option<f64>, age_ms: Option<u64>) -> String {
     }
 }
 
+/// A P/D decision in one line: "P/D split: prefill at 127.0.0.1:8101 (12 ms); 1024 tokens, ...", or the
+/// local branch with its reason (and why a split fell back).
+pub fn pd_decision(pd: &fleetdeck_api::PdDecision) -> String {
+    let mut line = match (&pd.prefill_replica, pd.branch.as_str()) {
+        (Some(prefill), "split") => {
+            let took = pd.prefill_ms.map_or(String::new(), |ms| format!(" ({ms:.0} ms)"));
+            format!("P/D split: prefill at {}{took}", short_url(prefill))
+        }
+        _ => format!("P/D local ({})", pd.reason),
+    };
+    if !pd.explanation.is_empty() {
+        line.push_str("; ");
+        line.push_str(&pd.explanation);
+    }
+    if let Some(why) = &pd.fallback {
+        line.push_str("; fell back: ");
+        line.push_str(why);
+    }
+    line
+}
+
 /// The replicas a router names as a prefix's holders ("127.0.0.1:8101, 127.0.0.1:8102"), or that it
 /// names none.
 pub fn prefix_holders(holders: &[String]) -> String {
@@ -251,6 +272,29 @@ pub fn prefix_holders(holders: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pd_decision_says_where_it_prefilled_or_why_it_stayed_local() {
+        let split = fleetdeck_api::PdDecision {
+            branch: "split".into(),
+            reason: "split".into(),
+            explanation: "1024 uncached >= 512".into(),
+            prefill_replica: Some("http://127.0.0.1:8101".into()),
+            prefill_ms: Some(12.4),
+            ..Default::default()
+        };
+        assert_eq!(pd_decision(&split), "P/D split: prefill at 127.0.0.1:8101 (12 ms); 1024 uncached >= 512");
+        let fell_back = fleetdeck_api::PdDecision {
+            branch: "local".into(),
+            reason: "transfer_failed".into(),
+            fallback: Some("the decode leg failed".into()),
+            ..split.clone()
+        };
+        assert_eq!(
+            pd_decision(&fell_back),
+            "P/D local (transfer_failed); 1024 uncached >= 512; fell back: the decode leg failed"
+        );
+    }
 
     #[test]
     fn prefix_holders_are_short_urls_or_say_none_is_known() {

@@ -234,6 +234,31 @@ pub struct DecisionEntry {
     /// own count once it reported one; `None` when no prediction was made.
     #[serde(default)]
     pub cached_tokens: Option<CachedTokens>,
+    /// fleet-router's prefill/decode decision, for a model in P/D mode.
+    #[serde(default)]
+    pub pd: Option<PdDecision>,
+}
+
+/// A P/D fleet's per-request decision: a remote prefill leg then the decode leg (`split`), or a local
+/// prefill at the decode replica (`local`), and why.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PdDecision {
+    /// `split` or `local`.
+    pub branch: String,
+    /// `split`, `short_prompt`, `cached_at_decode`, `prefill_pool_busy`, `no_prefill_replica` or
+    /// `transfer_failed` (a split that fell back to a local prefill).
+    pub reason: String,
+    /// The router's sentence, with the figures and thresholds it compared.
+    pub explanation: String,
+    /// Prompt tokens the decode replica held and lacked, by the router's index.
+    pub cached_at_decode: u32,
+    pub uncached_tokens: u32,
+    /// The prefill replica's URL, when split.
+    pub prefill_replica: Option<String>,
+    /// How long the prefill leg took, ms.
+    pub prefill_ms: Option<f64>,
+    /// Why a split was prefilled locally after all.
+    pub fallback: Option<String>,
 }
 
 /// A request's cached tokens, predicted by the router's index and reported by the engine.

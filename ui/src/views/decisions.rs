@@ -102,6 +102,9 @@ fn Decision(index: usize, entry: DecisionEntry, selected: RwSignal<usize>) -> im
     let cached = entry.cached_tokens.map(|c| {
         view! { <div class="muted" data-testid="decision-cached-tokens">{format::cached_tokens(&c)}</div> }
     });
+    let pd = entry.pd.as_ref().map(|pd| {
+        view! { <div class="muted" data-testid="decision-pd">{format::pd_decision(pd)}</div> }
+    });
     let failed = entry.error.clone().map(|error| {
         view! { <div class="decision-error" data-testid="decision-error">{format!("not served (502): {error}")}</div> }
     });
@@ -123,6 +126,7 @@ fn Decision(index: usize, entry: DecisionEntry, selected: RwSignal<usize>) -> im
             </div>
             <div class="decision-reason">{entry.reason.clone()}</div>
             {failed}
+            {pd}
             {cached}
             {tried}
             {notes}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fleet_policy::PolicySpec;
 use fleet_rollout::PushOutcome;
 use fleet_store::secrets::Secret;
-use fleetdeck_api::{CachedTokens, Candidate, DecisionEntry};
+use fleetdeck_api::{CachedTokens, Candidate, DecisionEntry, PdDecision};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -196,6 +196,21 @@ struct WireDecisionEntry {
     attempts: Vec<String>,
     error: Option<String>,
     cached_tokens: Option<WireCachedTokens>,
+    pd: Option<WirePd>,
+}
+
+/// The `pd` record of a P/D fleet's decision (fleet-router's `PdRecord`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+struct WirePd {
+    branch: String,
+    reason: String,
+    explanation: String,
+    cached_at_decode: u32,
+    uncached_tokens: u32,
+    prefill_replica: Option<String>,
+    prefill_ms: Option<f64>,
+    fallback: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
@@ -290,6 +305,16 @@ pub fn parse_decisions(
                     predicted: c.predicted,
                     engine: c.engine,
                     within_block: c.within_block,
+                }),
+                pd: w.pd.map(|pd| PdDecision {
+                    branch: pd.branch,
+                    reason: pd.reason,
+                    explanation: pd.explanation,
+                    cached_at_decode: pd.cached_at_decode,
+                    uncached_tokens: pd.uncached_tokens,
+                    prefill_replica: pd.prefill_replica,
+                    prefill_ms: pd.prefill_ms,
+                    fallback: pd.fallback,
                 }),
             }
         })
@@ -739,6 +764,22 @@ mod tests {
         let decisions = parse_decisions("http://router", failed.as_bytes(), &urls).unwrap();
         assert_eq!(decisions[0].attempts, ["http://a:1", "http://b:2"]);
         assert_eq!(decisions[0].error.as_deref(), Some("no replica could serve the request"));
+        assert_eq!(decisions[0].pd, None, "no P/D record outside P/D mode");
+
+        // A split request of a P/D fleet, as fleet-router logs it (the prefill pick's own decision too).
+        let split = r#"[{"ts_ms": 7, "request_id": 10, "replica": "http://b:2", "policy": "cache_aware_approx",
+            "decision": {"replica": 1, "branch": "cache", "reason": "r", "candidates": []},
+            "pd": {"branch": "split", "reason": "split", "explanation": "1024 tokens, 1024 uncached >= 512",
+                   "cached_at_decode": 0, "uncached_tokens": 1024, "prefill_replica": "http://p:1",
+                   "prefill": {"replica": 0, "branch": "cache", "reason": "r", "candidates": []},
+                   "prefill_ms": 12.5}}]"#;
+        let decisions = parse_decisions("http://router", split.as_bytes(), &urls).unwrap();
+        let pd = decisions[0].pd.as_ref().expect("the P/D record");
+        assert_eq!((pd.branch.as_str(), pd.reason.as_str(), pd.uncached_tokens), ("split", "split", 1024));
+        assert_eq!(
+            (pd.prefill_replica.as_deref(), pd.prefill_ms, pd.fallback.as_deref()),
+            (Some("http://p:1"), Some(12.5), None)
+        );
     }
 
     #[test]
