@@ -22,7 +22,6 @@ use serde_json::{Value, json};
 use crate::proxy::{PD_HEADER, PREFILL_REPLICA_HEADER};
 use crate::routing_key::Route;
 use crate::state::{FleetView, Group, PdRecord, Replica, RouterState, lock};
-use fleet_policy::Role;
 
 /// Largest prefill-leg answer read (a completion of one token with its `kv_transfer_params`: a block id per
 /// 16 prompt tokens, so a few hundred KiB for the longest prompts).
@@ -30,11 +29,7 @@ pub const PREFILL_ANSWER_LIMIT: usize = 4 << 20;
 
 /// Whether `group` runs in P/D mode: some replica of its model has the prefill role.
 pub fn in_pd_mode(fleet: &FleetView, group: &Group) -> bool {
-    fleet.has_prefill
-        && fleet
-            .replicas
-            .iter()
-            .any(|replica| replica.model == group.model && replica.spec.role == Role::Prefill)
+    !fleet.prefill_models.is_empty() && fleet.prefill_models.contains(&group.model)
 }
 
 /// A request's P/D decision, and for a split the decode leg's body.
@@ -97,7 +92,7 @@ pub async fn prepare(
     decode_pick: &Decision,
     request_id: u64,
 ) -> PdPlan {
-    let params = state.policy.load().spec.pd_params().unwrap_or_default();
+    let params = state.policy.load().pd;
     let matched = decode_pick.chosen().and_then(|chosen| chosen.matched_blocks).unwrap_or(0);
     let cached_at_decode = matched.saturating_mul(block_tokens).min(view.prompt_tokens);
     let (prefill_replicas, prefill_pool_load) = {

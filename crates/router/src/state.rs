@@ -7,7 +7,7 @@
 //! a policy swap reconfigures each engine under its lock, which keeps loads and indexes, so requests in
 //! flight finish normally and the next pick uses the new policy.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -149,9 +149,9 @@ pub struct FleetView {
     pub replicas: Vec<Arc<Replica>>,
     /// Groups by model.
     pub groups: BTreeMap<String, Arc<Group>>,
-    /// Whether any replica has the prefill role (P/D mode is possible): the hot path's one check
-    /// otherwise.
-    pub has_prefill: bool,
+    /// Models with a replica of the prefill role: those run in P/D mode. Derived here, once per fleet
+    /// change, so a request's check is one lookup (none at all in a fleet without prefill replicas).
+    pub prefill_models: BTreeSet<String>,
 }
 
 /// Why a request's model has no replicas.
@@ -179,8 +179,12 @@ pub enum GroupError {
 impl FleetView {
     /// A view of `replicas` in `groups`.
     pub fn new(replicas: Vec<Arc<Replica>>, groups: BTreeMap<String, Arc<Group>>) -> Self {
-        let has_prefill = replicas.iter().any(|replica| replica.spec.role == Role::Prefill);
-        Self { replicas, groups, has_prefill }
+        let prefill_models = replicas
+            .iter()
+            .filter(|replica| replica.spec.role == Role::Prefill)
+            .map(|replica| replica.model.clone())
+            .collect();
+        Self { replicas, groups, prefill_models }
     }
 
     /// The group that serves `model`.
@@ -231,6 +235,8 @@ pub struct PolicyVersion {
     pub hashing: HashingParams,
     /// Its policy name.
     pub name: &'static str,
+    /// Its `pd` thresholds, resolved once here rather than per request (P/D mode reads them on every pick).
+    pub pd: fleet_policy::PdParams,
     /// The version whose spec was in force before this one (what a rollback restores).
     pub previous: Option<u64>,
     /// The etcd `mod_revision` of the value this version came from (`--policy-etcd`); `None` for a policy
@@ -247,6 +253,7 @@ impl PolicyVersion {
             version,
             hashing: resolved.hashing(),
             name: resolved.name(),
+            pd: spec.pd_params()?,
             spec,
             previous,
             store_revision: None,
