@@ -244,19 +244,27 @@ async fn the_app_watches_routes_and_rolls_out_over_real_vllm() -> Result<()> {
     .await?;
     assert!(history["hit_rate"].as_array().is_some_and(|p| !p.is_empty()), "{history}");
 
-    // A canary judged on vLLM's cached tokens: router A first, B as the baseline, promoted to both.
+    // A canary judged on vLLM's cached tokens: router A first, B as the baseline, promoted to both. The
+    // canary keeps following prefixes (a lower cache threshold), so its hit rate holds and it must be
+    // promoted; a cache-blind policy here would be rolled back by the hit-rate guard, rightly, on a few
+    // requests (CI saw power_of_two fall to 32 % against 93 %).
     let guards = json!({"min_requests": 3, "max_hit_rate_drop": 0.5, "max_ttft_p95_ratio": 50.0});
+    let tuned = "policy: cache_aware_approx\nparams:\n  cache_threshold: 0.3\n";
     call(
         "start_canary",
-        json!({"text": "policy: power_of_two\n", "canary": [routers[0]], "baseline": [routers[1]],
+        json!({"text": tuned, "canary": [routers[0]], "baseline": [routers[1]],
                "observe_s": 4, "guards": guards, "check_every_ms": 500}),
     )
     .await?;
     let promoted = finished_canary(&client, &app, "the first canary to finish").await?;
     assert_eq!(promoted["phase"], "promoted", "{promoted}");
     assert!(promoted["canary_side"]["hit_rate"].is_number(), "judged on vLLM's cached tokens: {promoted}");
+    let runs_the_tuned_policy = |policy: &Value| {
+        policy["spec"]["policy"] == "cache_aware_approx" && policy["spec"]["params"]["cache_threshold"] == 0.3
+    };
     for router in &routers {
-        assert_eq!(router_policy(&client, router).await?["spec"]["policy"], "power_of_two");
+        let policy = router_policy(&client, router).await?;
+        assert!(runs_the_tuned_policy(&policy), "{router}: {policy}");
     }
 
     // A second canary, aborted while it observes: router A goes back to what it ran.
@@ -273,8 +281,10 @@ async fn the_app_watches_routes_and_rolls_out_over_real_vllm() -> Result<()> {
     call("abort_canary", json!({"reason": "the e2e test aborts it"})).await?;
     let aborted = finished_canary(&client, &app, "the aborted canary to roll back").await?;
     assert_eq!(aborted["phase"], "rolled_back", "{aborted}");
-    assert_eq!(router_policy(&client, &routers[0]).await?["spec"]["policy"], "power_of_two");
-    assert_eq!(router_policy(&client, &routers[1]).await?["spec"]["policy"], "power_of_two");
+    for router in &routers {
+        let policy = router_policy(&client, router).await?;
+        assert!(runs_the_tuned_policy(&policy), "{router}: {policy}");
+    }
     drop(traffic);
 
     // A vLLM server killed mid-stream: the client's stream through the router ends with an error event.
