@@ -509,3 +509,97 @@ async fn the_first_window_adds_a_replica_or_starts_the_demo() -> Result<()> {
     browser.close().await?;
     Ok(())
 }
+
+/// A P/D fleet in Chromium: one prefill and one decode fleet-sim replica behind a fleet-router in P/D
+/// mode. The P/D view shows the 1:1 ratio, both roles, the decisions by reason and a split request's TTFT
+/// divided into the prefill leg, the KV transfer (timed by the decode engine) and the first decode token.
+#[tokio::test]
+async fn chromium_shows_a_pd_fleet_its_roles_decisions_and_ttft_legs() -> Result<()> {
+    use fleet_sim::pd::{PdConfig, Role};
+    const TOKEN: &str = "pd-view-e2e-token";
+    let role = |role| ModelConfig { pd: PdConfig { role, ..PdConfig::default() }, ..ModelConfig::default() };
+    let (prefill, decode) =
+        (spawn_sim(1, role(Role::Prefill)).await?, spawn_sim(1, role(Role::Decode)).await?);
+    let model = fleet_sim::DEFAULT_MODEL;
+    let router = fleet_test_support::admin_router::spawn_router_with(fleet_router::RouterConfig {
+        replicas: vec![
+            format!("{},model={model},role=prefill", prefill.urls()[0]),
+            format!("{},model={model},role=decode", decode.urls()[0]),
+        ],
+        admin_token: Some(TOKEN.into()),
+        policy: "policy: cache_aware_approx\n".parse()?,
+        ..Default::default()
+    })
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let token_file = dir.path().join("router.token");
+    fleet_store::secrets::write_token_file(&token_file, TOKEN)?;
+    let token_file = token_file.to_string_lossy().into_owned();
+    let router_url = router.url();
+    let args = [
+        "--replica",
+        &prefill.urls()[0],
+        "--replica",
+        &decode.urls()[0],
+        "--router",
+        &router_url,
+        "--router-token-file",
+        &token_file,
+    ];
+    let app = headless(&args, dir.path()).await?;
+    let driver = chromedriver().await?;
+    let browser = chromium_session(&driver).await?;
+    browser.goto(&app.page("#/pd")).await?;
+
+    let client = http()?;
+    let complete = |prompt: String| {
+        let request = client
+            .post(format!("{router_url}/v1/completions"))
+            .json(&json!({"model": model, "prompt": prompt, "max_tokens": 2}));
+        async move { anyhow::Ok(request.send().await?.error_for_status()?.headers().get("x-fleet-pd").cloned()) }
+    };
+    for i in 0..2 {
+        let branch = complete(format!("a short question {i}")).await?;
+        assert_eq!(branch.as_ref().and_then(|v| v.to_str().ok()), Some("short_prompt"));
+    }
+    // A long unique prompt each round until the view shows all three legs: the transfer time is a delta
+    // between two scrapes of the decode replica, so transfers before its first scrape do not show.
+    let mut round = 0;
+    let legs = eventually("the three legs of a split request's TTFT", Duration::from_secs(90), || {
+        round += 1;
+        let prompt = format!("tenant {round} brings a long system prompt of its own; ").repeat(64);
+        let (complete, browser) = (&complete, &browser);
+        async move {
+            let branch = complete(prompt).await?;
+            assert_eq!(branch.as_ref().and_then(|v| v.to_str().ok()), Some("split"));
+            let legs = texts(browser, "[data-testid=pd-leg]").await?;
+            Ok((legs.len() == 3).then_some(legs))
+        }
+    })
+    .await?;
+    assert!(legs[0].starts_with("prefill leg: ") && legs[1].starts_with("KV transfer: "), "{legs:?}");
+    assert!(legs[2].starts_with("first decode token: "), "{legs:?}");
+    assert_eq!(texts(&browser, "[data-testid=pd-ratio]").await?, ["P:D 1:1"]);
+    let roles = browser.find_all(Locator::Css("[data-testid=pd-role]")).await?;
+    let mut names = Vec::new();
+    for row in &roles {
+        names.push(row.attr("data-role").await?.unwrap_or_default());
+    }
+    assert_eq!(names, ["prefill", "decode"]);
+    let transfer = texts(&browser, "[data-role=decode] [data-testid=pd-role-transfer]").await?;
+    assert!(
+        transfer.first().is_some_and(|t| t.ends_with("ms")),
+        "the decode side's transfer time: {transfer:?}"
+    );
+    let reasons = eventually("both reasons in the legend", Duration::from_secs(30), || async {
+        let reasons = texts(&browser, "[data-testid=pd-reason]").await?;
+        Ok((reasons.len() == 2).then_some(reasons))
+    })
+    .await?;
+    assert!(reasons.iter().any(|r| r.starts_with("short prompt: 2 ")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.starts_with("split (remote prefill): ")), "{reasons:?}");
+    let bars = browser.find_all(Locator::Css("[data-testid=pd-over-time] .pd-seg")).await?;
+    assert!(!bars.is_empty(), "decisions over time are drawn");
+    screenshot(&browser, "view-pd.png").await?;
+    Ok(())
+}

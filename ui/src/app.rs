@@ -131,6 +131,7 @@ pub fn App() -> impl IntoView {
                 Route::WhatIf => view! { <views::whatif::WhatIfView /> }.into_any(),
                 Route::Push => view! { <views::push::PushView /> }.into_any(),
                 Route::History => view! { <views::history::HistoryView /> }.into_any(),
+                Route::Pd => view! { <views::pd::PdFleetView last_update=last_update /> }.into_any(),
             }}
         </main>
         <footer class="footer" data-testid="footer">

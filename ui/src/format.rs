@@ -260,6 +260,33 @@ pub fn pd_decision(pd: &fleetdeck_api::PdDecision) -> String {
     line
 }
 
+/// A P/D decision reason in words, for legends: `split` -> "split", `short_prompt` -> "short prompt".
+pub fn pd_reason(reason: &str) -> String {
+    match reason {
+        "split" => "split (remote prefill)".to_owned(),
+        "cached_at_decode" => "cached at decode".to_owned(),
+        "prefill_pool_busy" => "prefill pool busy".to_owned(),
+        "no_prefill_replica" => "no prefill replica".to_owned(),
+        "transfer_failed" => "transfer failed, local".to_owned(),
+        other => other.replace('_', " "),
+    }
+}
+
+/// The shares of a split request's TTFT, as `(label, ms)` in order: the prefill leg, the KV transfer and the
+/// first decode token, or the decode leg whole where the engines time no transfer. Empty without splits.
+pub fn ttft_legs(t: &fleetdeck_api::PdTtftSplit) -> Vec<(&'static str, f64)> {
+    let Some(prefill) = t.prefill_leg_mean_ms else { return Vec::new() };
+    let mut legs = vec![("prefill leg", prefill)];
+    match (t.transfer_mean_ms, t.first_decode_token_mean_ms, t.decode_first_byte_mean_ms) {
+        (Some(transfer), Some(first), _) => {
+            legs.extend([("KV transfer", transfer), ("first decode token", first)])
+        }
+        (_, _, Some(decode)) => legs.push(("decode leg (transfer not timed)", decode)),
+        _ => {}
+    }
+    legs
+}
+
 /// The replicas a router names as a prefix's holders ("127.0.0.1:8101, 127.0.0.1:8102"), or that it
 /// names none.
 pub fn prefix_holders(holders: &[String]) -> String {
@@ -293,6 +320,28 @@ mod tests {
         assert_eq!(
             pd_decision(&fell_back),
             "P/D local (transfer_failed); 1024 uncached >= 512; fell back: the decode leg failed"
+        );
+    }
+
+    #[test]
+    fn pd_reasons_read_as_words() {
+        assert_eq!(pd_reason("split"), "split (remote prefill)");
+        assert_eq!(pd_reason("short_prompt"), "short prompt");
+        assert_eq!(pd_reason("transfer_failed"), "transfer failed, local");
+    }
+
+    #[test]
+    fn ttft_legs_show_the_transfer_only_where_an_engine_timed_it() {
+        let mut t = fleetdeck_api::PdTtftSplit::default();
+        assert!(ttft_legs(&t).is_empty(), "no split, no legs");
+        t.prefill_leg_mean_ms = Some(30.0);
+        t.decode_first_byte_mean_ms = Some(50.0);
+        assert_eq!(ttft_legs(&t), [("prefill leg", 30.0), ("decode leg (transfer not timed)", 50.0)]);
+        t.transfer_mean_ms = Some(8.0);
+        t.first_decode_token_mean_ms = Some(42.0);
+        assert_eq!(
+            ttft_legs(&t),
+            [("prefill leg", 30.0), ("KV transfer", 8.0), ("first decode token", 42.0)]
         );
     }
 

@@ -26,14 +26,15 @@ pub fn action(key: &str, after_g: bool) -> Option<KeyAction> {
         "t" => Some(KeyAction::ToggleTheme),
         "/" => Some(KeyAction::FocusFilter),
         _ => {
-            let n: usize = key.parse().ok()?;
+            // One digit: 1..9 follow the nav; views past the ninth have only their `g` letter.
+            let n = key.chars().next().filter(|_| key.len() == 1)?.to_digit(10)? as usize;
             Route::NAV.get(n.checked_sub(1)?).copied().map(KeyAction::Go)
         }
     }
 }
 
 /// The one-line help the footer shows.
-pub const HELP: &str = "keys: 1–9 views · g f/h/d/r/s/o/w/u/y · t theme · / filter · arrows move in lists";
+pub const HELP: &str = "keys: 1–9 views · g f/h/d/r/s/o/w/u/y/x · t theme · / filter · arrows move in lists";
 
 #[cfg(test)]
 mod tests {
@@ -54,7 +55,8 @@ mod tests {
         assert_eq!(action("g", false), Some(KeyAction::Prefix));
         assert_eq!(action("d", true), Some(KeyAction::Go(Route::Decisions)));
         assert_eq!(action("r", true), Some(KeyAction::Go(Route::Headroom)));
-        assert_eq!(action("x", true), None);
+        assert_eq!(action("x", true), Some(KeyAction::Go(Route::Pd)));
+        assert_eq!(action("q", true), None);
         assert_eq!(action("Enter", true), None);
         assert_eq!(action("d", false), None, "a bare letter does nothing");
     }

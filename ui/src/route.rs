@@ -29,6 +29,8 @@ pub enum Route {
     Push,
     /// Compare two policy versions.
     History,
+    /// A disaggregated fleet: roles, split decisions by reason, TTFT by leg.
+    Pd,
 }
 
 impl Route {
@@ -43,6 +45,7 @@ impl Route {
         Route::WhatIf,
         Route::Push,
         Route::History,
+        Route::Pd,
     ];
 
     /// The route for a `location.hash` value. Unknown or empty hashes fall back to the default
@@ -70,6 +73,7 @@ impl Route {
             Route::WhatIf => "whatif",
             Route::Push => "push",
             Route::History => "history",
+            Route::Pd => "pd",
         }
     }
 
@@ -94,6 +98,7 @@ impl Route {
             Route::WhatIf => "What-if",
             Route::Push => "Push",
             Route::History => "History",
+            Route::Pd => "P/D",
         }
     }
 
@@ -110,6 +115,7 @@ impl Route {
             Route::WhatIf => 'w',
             Route::Push => 'u',
             Route::History => 'y',
+            Route::Pd => 'x',
         }
     }
 

@@ -106,6 +106,9 @@ pub struct Signals {
     pub ttft_p50_s: Option<f64>,
     /// TTFT 95th percentile, same window.
     pub ttft_p95_s: Option<f64>,
+    /// Mean KV transfer time into this replica, same window (P/D fleets; absent elsewhere).
+    #[serde(default)]
+    pub kv_transfer_s: Option<f64>,
 }
 
 /// Whether the replica's metrics endpoint answers.

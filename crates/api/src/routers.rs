@@ -12,6 +12,10 @@ pub const CMD_DECISIONS: &str = "decisions";
 /// Command: achieved vs achievable hit rate on recent recorded traffic. Args: [`HeadroomArgs`].
 pub const CMD_HEADROOM: &str = "headroom";
 
+/// Command: a disaggregated (P/D) fleet at a glance: per-role saturation, the P:D ratio, the routers'
+/// split decisions by reason over time and TTFT divided into its legs. Args: [`PdViewArgs`].
+pub const CMD_PD_VIEW: &str = "pd_view";
+
 /// Where a router's part of a combined view came from, and whether it answered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RouterSource {
@@ -331,4 +335,93 @@ pub struct ModelHeadroom {
     /// The best policy's what-if result on the same traffic, when a replay ran.
     pub best_policy: Option<String>,
     pub best_policy_hit_rate: Option<f64>,
+}
+
+/// Arguments of [`CMD_PD_VIEW`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PdViewArgs {
+    /// The last `window_s` seconds, 10 .. 900 (the app keeps 15 minutes of the routers' counters).
+    pub window_s: u32,
+    /// Width of one bar of decisions over time, 1 .. `window_s` seconds.
+    pub bucket_s: u32,
+}
+
+impl Default for PdViewArgs {
+    fn default() -> Self {
+        Self { window_s: 300, bucket_s: 10 }
+    }
+}
+
+/// A P/D fleet as the routers and replicas report it. Figures are `None` when nothing reported them.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PdView {
+    pub now_ms: i64,
+    pub window_s: u32,
+    pub bucket_s: u32,
+    pub routers: Vec<RouterSource>,
+    /// Whether any router knows a replica of the prefill role (else the fleet does not disaggregate).
+    pub disaggregated: bool,
+    /// `prefill`, `decode` and `both` (replicas that serve whole requests), in that order, where present.
+    pub roles: Vec<PdRole>,
+    /// Prefill to decode replicas, reduced (`1:2`); `None` without both.
+    pub ratio: Option<String>,
+    /// Decisions in the window per reason (`split`, `short_prompt`, ...), largest first.
+    pub reasons: Vec<PdReasonCount>,
+    /// Decisions per reason in consecutive buckets of `bucket_s`, oldest first.
+    pub over_time: Vec<PdBucket>,
+    pub ttft: PdTtftSplit,
+    /// How the figures were read, and what is missing.
+    pub notes: Vec<String>,
+}
+
+/// One role's replicas and how full they are.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PdRole {
+    /// `prefill`, `decode` or `both`.
+    pub role: String,
+    pub replicas: u32,
+    pub healthy: u32,
+    /// Requests the routers have outstanding on these replicas, per replica.
+    pub outstanding_per_replica: f64,
+    /// The engines' own figures, means over the replicas that report them.
+    pub kv_usage: Option<f64>,
+    pub queue_depth: Option<f64>,
+    pub running: Option<f64>,
+    /// Mean KV transfer into these replicas, ms (decode side, vLLM's connector; SGLang's latest).
+    pub transfer_ms: Option<f64>,
+}
+
+/// A reason's decisions in the window.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PdReasonCount {
+    pub reason: String,
+    pub count: u64,
+    /// Of all P/D decisions in the window, 0..1.
+    pub share: f64,
+}
+
+/// Decisions per reason in one bucket.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PdBucket {
+    pub start_ms: i64,
+    pub counts: std::collections::BTreeMap<String, u64>,
+}
+
+/// Where a split request's time to first token goes, over the window (ms).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PdTtftSplit {
+    /// Split requests whose prefill leg finished in the window.
+    pub splits: u64,
+    /// Splits that fell back to a local prefill.
+    pub fallbacks: u64,
+    /// The prefill leg as the routers timed it: sending, prefilling, the answer back.
+    pub prefill_leg_mean_ms: Option<f64>,
+    pub prefill_leg_p95_ms: Option<f64>,
+    /// The KV transfer as the decode engines timed it (absent when they export no transfer metrics).
+    pub transfer_mean_ms: Option<f64>,
+    /// The decode leg's first token after the transfer: the decode leg's first byte less the transfer.
+    pub first_decode_token_mean_ms: Option<f64>,
+    /// The decode leg to its first byte as the routers timed it (transfer included).
+    pub decode_first_byte_mean_ms: Option<f64>,
+    pub decode_first_byte_p95_ms: Option<f64>,
 }

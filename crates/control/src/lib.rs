@@ -4,7 +4,7 @@
 //! mini-redis gives `Db` and `Handler` homes of their own), is cheap to clone, and holds clones of the few
 //! handles it builds on; none knows the handles built on it, so the graph has no cycle:
 //!
-//! `Audit` <- `Routers` <- `Fleet` <- `Discovery`; `EtcdKeys` <- `Rollout` <- `Canary`; `WhatIf`,
+//! `Audit` <- `Routers` <- `Fleet` <- `Discovery`; `Routers`, `Fleet` <- `Disagg`; `EtcdKeys` <- `Rollout` <- `Canary`; `WhatIf`,
 //! `Settings` and `Demo` on top (ARCHITECTURE.md has the table of what each owns and builds on).
 //!
 //! - [`audit`]: the SQLite history's audit side: policy versions, pushes, notes, the fleet this launch
@@ -14,6 +14,7 @@
 //!   (heat map, decisions, headroom).
 //! - [`fleet`]: the watched replicas: one scrape scheduler, one batcher handing the history writer one round
 //!   per scrape interval, Prometheus servers as a source, the live snapshot and a replica's history.
+//! - [`pd`]: the P/D view ([`pd::Disagg`]), joining the routers' P/D counters with the replicas' figures.
 //! - [`discovery`]: replicas and routers from a watched file or DNS SRV records.
 //! - [`rollout`]: changing the fleet's policy: the intended spec, the editor's checks, pushes over HTTP;
 //!   [`rollout::etcd`]: the fleet's policy keys in etcd; [`rollout::canary`]: the canary runner.
@@ -31,6 +32,7 @@ pub mod commands;
 pub mod demo;
 pub mod discovery;
 pub mod fleet;
+pub mod pd;
 pub mod rollout;
 pub mod routers;
 pub mod settings;
@@ -56,6 +58,7 @@ use audit::Audit;
 use demo::{Demo, DemoLauncher};
 use discovery::Discovery;
 use fleet::Fleet;
+use pd::Disagg;
 use rollout::Rollout;
 use rollout::canary::Canary;
 use rollout::etcd::{EtcdKey, EtcdKeys};
@@ -136,6 +139,7 @@ pub struct Control {
     audit: Audit,
     routers: Routers,
     fleet: Fleet,
+    disagg: Disagg,
     discovery: Discovery,
     rollout: Rollout,
     etcd: EtcdKeys,
@@ -200,6 +204,7 @@ impl Control {
                 fleet.start_prometheus(url);
             }
         }
+        let disagg = Disagg::new(routers.clone(), fleet.clone());
         let discovery = Discovery::new(fleet.clone(), routers.clone(), cancel.clone());
         for source in config.discovery {
             discovery.start(source);
@@ -225,7 +230,7 @@ impl Control {
         });
         let demo =
             Demo::new(config.demo, fleet.clone(), routers.clone(), audit.clone(), config.token_dir, cancel);
-        Ok(Self { audit, routers, fleet, discovery, rollout, etcd, canary, whatif, settings, demo })
+        Ok(Self { audit, routers, fleet, disagg, discovery, rollout, etcd, canary, whatif, settings, demo })
     }
 
     /// The audit trail: policy versions, pushes, notes, history comparisons.
@@ -241,6 +246,11 @@ impl Control {
     /// The watched replicas: scraping, history writing, the live snapshot.
     pub fn fleet(&self) -> &Fleet {
         &self.fleet
+    }
+
+    /// The P/D view: roles, split decisions over time, TTFT by leg.
+    pub fn disagg(&self) -> &Disagg {
+        &self.disagg
     }
 
     /// Replicas and routers from discovery sources.

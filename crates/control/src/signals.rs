@@ -14,6 +14,7 @@ pub fn to_api(signals: &EngineSignals) -> fleetdeck_api::Signals {
         hit_rate: signals.hit_rate,
         ttft_p50_s: signals.ttft_p50_s,
         ttft_p95_s: signals.ttft_p95_s,
+        kv_transfer_s: signals.kv_transfer_mean_s,
     }
 }
 
@@ -49,6 +50,7 @@ mod tests {
             prompt_tokens_per_s: Some(12.0),
             generation_tokens_per_s: Some(13.0),
             preemptions_per_s: Some(14.0),
+            kv_transfer_mean_s: Some(0.015),
         }
     }
 
@@ -63,6 +65,7 @@ mod tests {
             hit_rate: Some(0.4),
             ttft_p50_s: Some(0.5),
             ttft_p95_s: Some(0.6),
+            kv_transfer_s: Some(0.015),
         };
         assert_eq!(api, expected);
         let sample = sample_signals(&signals);

@@ -63,6 +63,26 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// The histogram as JSON for `/admin/state`: cumulative `buckets` as `[upper bound, count]` pairs
+    /// (the `+Inf` bucket is `count`), `sum_s` and `count`, so a reader can take differences over time.
+    pub fn state_json(&self) -> serde_json::Value {
+        let mut cumulative = 0;
+        let buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .zip(self.buckets.iter())
+            .map(|(bound, bucket)| {
+                cumulative += bucket.load(Ordering::Relaxed);
+                (*bound, cumulative)
+            })
+            .collect();
+        serde_json::json!({
+            "buckets": buckets,
+            "sum_s": self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            "count": self.count(),
+        })
+    }
+
     /// Writes the `_bucket`, `_sum` and `_count` samples of `name`, with `labels` (`key="value",`
     /// pairs, each followed by a comma) before `le`.
     fn render(&self, out: &mut String, name: &str, labels: &str) {
@@ -252,6 +272,18 @@ impl Metrics {
         if let Some(slot) = PdReason::ALL.iter().position(|r| *r == reason) {
             self.pd_decisions[slot].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The P/D counters and leg histograms for `/admin/state` (all cumulative since start).
+    pub fn pd_state_json(&self) -> serde_json::Value {
+        let decisions: serde_json::Map<String, serde_json::Value> =
+            PdReason::ALL.iter().map(|r| (r.as_str().to_owned(), self.pd_decisions(*r).into())).collect();
+        serde_json::json!({
+            "decisions": decisions,
+            "fallbacks": self.pd_fallbacks.load(Ordering::Relaxed),
+            "prefill_leg": self.pd_prefill_leg.state_json(),
+            "decode_first_byte": self.pd_decode_first_byte.state_json(),
+        })
     }
 
     /// P/D decisions counted with `reason`.

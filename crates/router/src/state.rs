@@ -1023,6 +1023,8 @@ impl RouterState {
                 "within_block": self.metrics.predictions_within_block.load(Ordering::Relaxed),
             },
         });
+        // Cumulative, so the app can show decisions by reason over time and each leg's time per window.
+        document["pd"] = self.metrics.pd_state_json();
         if let Some(store) = &self.etcd_policy {
             document["policy_store"] = store.state_document();
         }

@@ -554,6 +554,8 @@ fn values(profile: &Profile, exposition: &Exposition, rank: Option<&str>) -> Val
         },
         None => (None, None),
     };
+    // P/D transfer figures are the replica's as a whole: connectors label no data-parallel ranks.
+    let pd = if rank.is_none() { crate::pd::read_pd(exposition) } else { None }.unwrap_or_default();
     Values {
         running: eval(&profile.running),
         waiting: eval(&profile.waiting),
@@ -567,6 +569,9 @@ fn values(profile: &Profile, exposition: &Exposition, rank: Option<&str>) -> Val
         preemptions: eval(&profile.preemptions),
         ttft: histogram(exposition, profile.ttft, rank),
         itl: histogram(exposition, profile.itl, rank),
+        kv_transfers: pd.transfers,
+        kv_transfer_seconds: pd.transfer_seconds,
+        kv_transfer_last_s: pd.last_transfer_s,
     }
 }
 

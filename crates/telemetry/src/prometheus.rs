@@ -209,6 +209,8 @@ impl PromSource {
                     prompt_tokens_per_s: value(Field::PromptRate),
                     generation_tokens_per_s: value(Field::GenerationRate),
                     preemptions_per_s: value(Field::PreemptionRate),
+                    // Not asked of Prometheus yet: P/D transfer times come from direct scrapes.
+                    kv_transfer_mean_s: None,
                 };
                 replicas.insert(
                     instance.clone(),

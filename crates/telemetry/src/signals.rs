@@ -48,6 +48,12 @@ pub struct Values {
     pub preemptions: Option<f64>,
     pub ttft: Option<Histogram>,
     pub itl: Option<Histogram>,
+    /// P/D decode side (vLLM's NixlConnector): KV transfers completed and the seconds they took,
+    /// cumulative; the replica as a whole only (see [`crate::pd`]).
+    pub kv_transfers: Option<f64>,
+    pub kv_transfer_seconds: Option<f64>,
+    /// P/D prefill side (SGLang): the latest transfer's seconds, a gauge.
+    pub kv_transfer_last_s: Option<f64>,
 }
 
 /// What one scrape of a supported engine said.
@@ -82,11 +88,14 @@ pub struct EngineSignals {
     pub prompt_tokens_per_s: Option<f64>,
     pub generation_tokens_per_s: Option<f64>,
     pub preemptions_per_s: Option<f64>,
+    /// Mean seconds per KV transfer into this replica over the window (P/D, vLLM), or the latest
+    /// transfer's seconds where the engine reports only that (SGLang).
+    pub kv_transfer_mean_s: Option<f64>,
 }
 
 impl EngineSignals {
     /// Every signal with its stable snake_case name, for reports and comparisons.
-    pub fn fields(&self) -> [(&'static str, Option<f64>); 13] {
+    pub fn fields(&self) -> [(&'static str, Option<f64>); 14] {
         [
             ("queue_depth", self.queue_depth),
             ("running", self.running),
@@ -101,6 +110,7 @@ impl EngineSignals {
             ("prompt_tokens_per_s", self.prompt_tokens_per_s),
             ("generation_tokens_per_s", self.generation_tokens_per_s),
             ("preemptions_per_s", self.preemptions_per_s),
+            ("kv_transfer_mean_s", self.kv_transfer_mean_s),
         ]
     }
 }
@@ -126,6 +136,8 @@ struct Step {
     preemptions: Option<f64>,
     ttft: Option<Histogram>,
     itl: Option<Histogram>,
+    /// KV transfers completed and their seconds.
+    kv_transfer: Option<(f64, f64)>,
 }
 
 /// One rank's latest values and recent steps.
@@ -171,6 +183,13 @@ impl Track {
         signals.prompt_tokens_per_s = rate(|s| s.prompt_tokens);
         signals.generation_tokens_per_s = rate(|s| s.generation_tokens);
         signals.preemptions_per_s = rate(|s| s.preemptions);
+        let (transfers, transfer_seconds) = self
+            .steps
+            .iter()
+            .filter_map(|s| s.kv_transfer)
+            .fold((0.0, 0.0), |(n, t), (dn, dt)| (n + dn, t + dt));
+        signals.kv_transfer_mean_s =
+            if transfers > 0.0 { Some(transfer_seconds / transfers) } else { latest.kv_transfer_last_s };
 
         let (mut queries, mut hits) = (0.0, 0.0);
         for (q, h) in self.steps.iter().filter_map(|s| s.prefix) {
@@ -224,6 +243,18 @@ fn step(before_at: f64, before: &Values, at: f64, now: &Values, restarted: bool)
         preemptions: counter(before.preemptions, now.preemptions),
         ttft: histogram_delta(before.ttft.as_ref(), now.ttft.as_ref(), restarted),
         itl: histogram_delta(before.itl.as_ref(), now.itl.as_ref(), restarted),
+        kv_transfer: match (
+            before.kv_transfers,
+            now.kv_transfers,
+            before.kv_transfer_seconds,
+            now.kv_transfer_seconds,
+        ) {
+            (Some(n0), Some(n1), Some(t0), Some(t1)) => {
+                let reset = restarted || n1 < n0 || t1 < t0;
+                Some(if reset { (n1, t1) } else { (n1 - n0, t1 - t0) })
+            }
+            _ => None,
+        },
     }
 }
 
@@ -424,6 +455,28 @@ mod tests {
         assert!((p50 - 0.0625).abs() < 1e-9, "{p50}"); // rank 5 of 8 in [0, 0.1]
         let p95 = s.ttft_p95_s.unwrap();
         assert!((p95 - (0.1 + 0.9 * 1.5 / 2.0)).abs() < 1e-9, "{p95}");
+    }
+
+    #[test]
+    fn kv_transfer_time_is_the_mean_over_the_window_or_the_engines_latest() {
+        let with_transfers = |transfers: f64, seconds: f64| {
+            let mut r = reading(0.0, 0.0, [0.0; 3]);
+            (r.total.kv_transfers, r.total.kv_transfer_seconds) = (Some(transfers), Some(seconds));
+            r
+        };
+        // 4 transfers taking 0.2 s in all, then 1 more taking 0.3 s: 0.5 s over 5.
+        let s = window(&[
+            (0.0, with_transfers(10.0, 9.0)),
+            (1.0, with_transfers(14.0, 9.2)),
+            (2.0, with_transfers(15.0, 9.5)),
+        ]);
+        assert!(s.kv_transfer_mean_s.is_some_and(|m| (m - 0.1).abs() < 1e-9), "{s:?}");
+        let idle = window(&[(0.0, with_transfers(10.0, 9.0)), (1.0, with_transfers(10.0, 9.0))]);
+        assert_eq!(idle.kv_transfer_mean_s, None, "no transfer in the window is no figure, not zero");
+        let mut sglang = reading(0.0, 0.0, [0.0; 3]);
+        sglang.total.kv_transfer_last_s = Some(0.04);
+        assert_eq!(window(&[(0.0, sglang)]).kv_transfer_mean_s, Some(0.04));
+        assert_eq!(window(&[(0.0, reading(0.0, 0.0, [0.0; 3]))]).kv_transfer_mean_s, None);
     }
 
     #[test]

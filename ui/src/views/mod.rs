@@ -5,6 +5,7 @@ pub mod fleet;
 pub mod headroom;
 pub mod heat;
 pub mod history;
+pub mod pd;
 pub mod policy;
 pub mod push;
 pub mod replica;

@@ -38,6 +38,7 @@ pub fn rows(n: u32, now_ms: i64) -> Vec<ReplicaRow> {
                 hit_rate: Some((0.1 + 0.7 * unit(i, 0, 3) + 0.1 * wobble).min(1.0)),
                 ttft_p50_s: Some(0.04 + 0.3 * base + 0.05 * wobble),
                 ttft_p95_s: Some(0.1 + 0.9 * base + 0.3 * wobble),
+                kv_transfer_s: None,
             };
             let scrape = if i % 97 == 96 {
                 ScrapeState::Error {

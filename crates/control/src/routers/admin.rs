@@ -63,6 +63,28 @@ pub struct RouterState {
     pub etcd: Option<EtcdWatch>,
     /// The index's predicted cached tokens against the engines' counts (absent from routers before it).
     pub index_accuracy: Option<IndexAccuracyCounts>,
+    /// P/D decisions and leg times, cumulative (absent from routers before issue 36).
+    pub pd: Option<PdCounters>,
+}
+
+/// `pd` in `/admin/state`: cumulative since the router started.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct PdCounters {
+    /// Decisions per reason (`split`, `short_prompt`, ...).
+    pub decisions: std::collections::BTreeMap<String, u64>,
+    pub fallbacks: u64,
+    pub prefill_leg: LegHistogram,
+    pub decode_first_byte: LegHistogram,
+}
+
+/// A leg's time histogram as the router keeps it: cumulative `[upper bound s, count]` buckets.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct LegHistogram {
+    pub buckets: Vec<(f64, u64)>,
+    pub sum_s: f64,
+    pub count: u64,
 }
 
 /// `index_accuracy` in `/admin/state`: requests predicted, and of those within one block.
@@ -112,6 +134,8 @@ pub struct RouterReplica {
     pub id: String,
     pub url: String,
     pub model: Option<String>,
+    /// `prefill`, `decode` or `both` (empty from routers before P/D, which serve whole requests).
+    pub role: String,
     pub healthy: bool,
     pub outstanding: u64,
     pub prefill_tokens: u64,

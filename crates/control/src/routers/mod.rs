@@ -34,6 +34,8 @@ use third_party::{PeerKind, PeerState};
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
 /// Policy changes kept in memory (the audit trail keeps the rest).
 const MAX_MARKERS: usize = 1000;
+/// How long each router's P/D counters are kept, one reading per poll, for the P/D view's windows.
+pub const PD_KEPT: Duration = Duration::from_secs(15 * 60);
 
 /// A router to read, with its admin token (a [`Secret`], never logged) or the 0600 file holding it.
 #[derive(Clone, PartialEq, Default, Debug)]
@@ -59,11 +61,14 @@ struct Entry {
     /// Set once the URL answered as a third-party router, with what it said last.
     peer_kind: Option<PeerKind>,
     peer: Option<PeerState>,
+    /// The router's cumulative P/D counters at each poll of the last [`PD_KEPT`], oldest first.
+    pd_samples: std::collections::VecDeque<(i64, admin::PdCounters)>,
 }
 
 /// What one poll of one router gave.
 enum Polled {
-    Fleet(Result<RouterState, String>),
+    /// Boxed: a state is large beside a peer's.
+    Fleet(Result<Box<RouterState>, String>),
     Peer(PeerKind, Result<PeerState, String>),
 }
 
@@ -140,6 +145,7 @@ impl Routers {
             metrics_url: target.metrics_url,
             peer_kind: None,
             peer: None,
+            pd_samples: Default::default(),
         };
         let mut entries = lock(&self.inner.entries);
         entries.retain(|e| e.client.url != entry.client.url);
@@ -183,7 +189,7 @@ impl Routers {
                 let error = match token_error {
                     Some(e) => return Polled::Fleet(Err(e.clone())),
                     None => match client.state().await {
-                        Ok(state) => return Polled::Fleet(Ok(state)),
+                        Ok(state) => return Polled::Fleet(Ok(Box::new(state))),
                         Err(error) => error,
                     },
                 };
@@ -206,7 +212,7 @@ impl Routers {
             for ((client, ..), result) in clients.iter().zip(results) {
                 let Some(entry) = entries.iter_mut().find(|e| e.client.url == client.url) else { continue };
                 let result = match result {
-                    Polled::Fleet(result) => result,
+                    Polled::Fleet(result) => result.map(|state| *state),
                     Polled::Peer(kind, result) => {
                         entry.peer_kind = Some(kind);
                         match result {
@@ -229,6 +235,13 @@ impl Routers {
                             });
                         }
                         entry.seen = Some(policy);
+                        if let Some(pd) = &state.pd {
+                            entry.pd_samples.push_back((now_ms, pd.clone()));
+                            let oldest = now_ms - PD_KEPT.as_millis() as i64;
+                            while entry.pd_samples.front().is_some_and(|(at, _)| *at < oldest) {
+                                entry.pd_samples.pop_front();
+                            }
+                        }
                         entry.state = Some(state);
                         entry.error = None;
                     }
@@ -298,6 +311,19 @@ impl Routers {
         lock(&self.inner.entries)
             .iter()
             .filter_map(|e| Some((e.client.url.clone(), e.state.clone()?)))
+            .collect()
+    }
+
+    /// Each fleet-router's P/D counters since `since_ms`, oldest first, by router URL.
+    pub(crate) fn pd_samples_since(&self, since_ms: i64) -> Vec<(String, Vec<(i64, admin::PdCounters)>)> {
+        lock(&self.inner.entries)
+            .iter()
+            .filter(|e| !e.pd_samples.is_empty())
+            .map(|e| {
+                // One reading before the window too, so the window's first increase is counted.
+                let first = e.pd_samples.iter().rposition(|(at, _)| *at < since_ms).unwrap_or(0);
+                (e.client.url.clone(), e.pd_samples.iter().skip(first).cloned().collect())
+            })
             .collect()
     }
 

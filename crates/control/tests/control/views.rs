@@ -11,7 +11,7 @@ use fleet_test_support::admin_router::spawn_router_with;
 use fleet_test_support::endpoints::garbage_metrics;
 use fleet_test_support::{eventually, spawn_sim};
 use fleetdeck_api::{
-    AddEndpointArgs, DecisionsArgs, EndpointKind, HeadroomArgs, HeatMapArgs, IndexAccuracy,
+    AddEndpointArgs, DecisionsArgs, EndpointKind, HeadroomArgs, HeatMapArgs, IndexAccuracy, PdViewArgs,
     RemoveEndpointArgs, ReplicaHistoryArgs, ScrapeIntervalArgs,
 };
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
@@ -316,5 +316,102 @@ async fn the_heat_map_shows_which_routers_disagree_on_where_a_prefix_lives() -> 
     assert!(!shared.disagree, "{shared:?}");
     assert_eq!(shared.routers.len(), 2);
     assert!(shared.routers.iter().all(|r| r.holders == sim.urls()[..1]), "{shared:?}");
+    Ok(())
+}
+
+/// A P/D fleet (one prefill and one decode fleet-sim replica, vLLM's flow) behind a P/D fleet-router: the
+/// P/D view counts its decisions by reason, reads the 1:1 ratio and each role's figures, and divides a split
+/// request's time to first token into the prefill leg, the engine-timed KV transfer and the first decode token.
+#[tokio::test]
+async fn the_pd_view_counts_decisions_by_reason_and_splits_ttft_into_its_legs() -> Result<()> {
+    use fleet_sim::pd::{PdConfig, Role};
+    let role = |role| fleet_sim::ModelConfig {
+        pd: PdConfig { role, ..PdConfig::default() },
+        ..fleet_sim::ModelConfig::default()
+    };
+    let (prefill, decode) =
+        (spawn_sim(1, role(Role::Prefill)).await?, spawn_sim(1, role(Role::Decode)).await?);
+    let model = fleet_sim::DEFAULT_MODEL;
+    let router = spawn_router_with(RouterConfig {
+        replicas: vec![
+            format!("{},model={model},role=prefill", prefill.urls()[0]),
+            format!("{},model={model},role=decode", decode.urls()[0]),
+        ],
+        admin_token: Some(TOKEN.into()),
+        policy: "policy: cache_aware_approx\n".parse()?,
+        ..Default::default()
+    })
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let replicas = vec![prefill.urls()[0].clone(), decode.urls()[0].clone()];
+    let mut config = ControlConfig::new(replicas, dir.path().join("history.sqlite"));
+    config.scrape_interval = Duration::from_millis(500);
+    config.routers = vec![RouterTarget {
+        url: router.url(),
+        token: Some(TOKEN.into()),
+        token_file: None,
+        metrics_url: None,
+    }];
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(config, stop).await?;
+
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?;
+    let complete = |prompt: String| {
+        let client = client.clone();
+        let url = format!("{}/v1/completions", router.url());
+        async move {
+            let answer = client
+                .post(url)
+                .json(&json!({"model": model, "prompt": prompt, "max_tokens": 2}))
+                .send()
+                .await?
+                .error_for_status()?;
+            let branch = answer.headers().get("x-fleet-pd").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            anyhow::Ok(branch)
+        }
+    };
+    // Two short prompts (under min_prompt_tokens, 256) stay local.
+    for i in 0..2 {
+        assert_eq!(complete(format!("short prompt {i}")).await?.as_deref(), Some("short_prompt"));
+    }
+    // Long unique prompts split; one more each round until the decode replica's transfer time is scraped
+    // (the engines' figures are deltas between scrapes, so transfers before the first scrape do not show).
+    let mut splits = 0;
+    let view = eventually("a split request's TTFT by leg", Duration::from_secs(60), || {
+        splits += 1;
+        let prompt = format!("tenant {splits} has its own long system prompt here; ").repeat(64);
+        let complete = &complete;
+        let control = control.clone();
+        async move {
+            assert_eq!(complete(prompt).await?.as_deref(), Some("split"));
+            let view = control.disagg().view(PdViewArgs { window_s: 120, bucket_s: 10 }).await?;
+            let ready = view.ttft.transfer_mean_ms.is_some()
+                && view.reasons.iter().any(|r| r.reason == "short_prompt" && r.count == 2);
+            Ok(ready.then_some(view))
+        }
+    })
+    .await?;
+    assert!(view.disaggregated);
+    assert_eq!(view.ratio.as_deref(), Some("1:1"), "{view:?}");
+    let count = |reason: &str| view.reasons.iter().find(|r| r.reason == reason).map_or(0, |r| r.count);
+    assert!(count("split") >= 1 && count("split") <= splits, "{view:?}");
+    assert_eq!(view.over_time.len(), 12);
+    let bucketed: u64 = view.over_time.iter().flat_map(|b| b.counts.values()).sum();
+    assert_eq!(bucketed, count("split") + count("short_prompt"), "every decision lands in one bucket");
+    let t = &view.ttft;
+    assert_eq!(t.splits, count("split"), "one prefill leg per split: {t:?}");
+    let (leg, first_byte, transfer) = (
+        t.prefill_leg_mean_ms.context("the prefill leg")?,
+        t.decode_first_byte_mean_ms.context("the decode leg")?,
+        t.transfer_mean_ms.context("the transfer")?,
+    );
+    assert!(leg > 0.0 && first_byte > 0.0 && transfer > 0.0, "{t:?}");
+    assert!(t.prefill_leg_p95_ms.is_some_and(|p95| p95 >= leg * 0.5), "{t:?}");
+    assert_eq!(t.first_decode_token_mean_ms, Some((first_byte - transfer).max(0.0)));
+    let decode_role = view.roles.iter().find(|r| r.role == "decode").context("the decode role")?;
+    assert_eq!((decode_role.replicas, decode_role.healthy), (1, 1));
+    assert!(decode_role.kv_usage.is_some() && decode_role.transfer_ms.is_some(), "{decode_role:?}");
+    assert_eq!(t.fallbacks, 0);
     Ok(())
 }

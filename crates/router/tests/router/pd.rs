@@ -171,6 +171,18 @@ async fn a_long_prompt_is_split_streamed_in_order_and_its_kv_is_transferred() ->
     assert!(text.contains("fleet_router_pd_prefill_leg_seconds_count 2"), "{text}");
     assert!(text.contains("fleet_router_pd_decode_first_byte_seconds_count 2"), "{text}");
     assert!(text.contains("fleet_router_pd_fallbacks_total 0"), "{text}");
+    // The same figures in `/admin/state`, where the app reads them.
+    let state = router.admin_get(&client(), "/admin/state").await?;
+    let pd = &state["pd"];
+    assert_eq!(pd["decisions"]["split"], 2, "{pd}");
+    assert_eq!(pd["decisions"]["short_prompt"], 0, "{pd}");
+    assert_eq!(
+        (pd["prefill_leg"]["count"].as_u64(), pd["decode_first_byte"]["count"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert!(pd["prefill_leg"]["sum_s"].as_f64().is_some_and(|s| s > 0.0), "{pd}");
+    let buckets = pd["prefill_leg"]["buckets"].as_array().cloned().unwrap_or_default();
+    assert!(buckets.last().is_some_and(|b| b[1].as_u64() <= Some(2)), "cumulative, at most the count: {pd}");
     Ok(())
 }
 
@@ -289,6 +301,11 @@ async fn a_failed_transfer_or_prefill_leg_falls_back_to_a_local_prefill() -> Res
     assert_eq!(decisions(router, "transfer_failed").await?, 3.0);
     let text = client().get(format!("{}/metrics", router.url)).send().await?.text().await?;
     assert!(text.contains("fleet_router_pd_fallbacks_total 3"), "{text}");
+    let state = router.admin_get(&client(), "/admin/state").await?;
+    assert_eq!(
+        (state["pd"]["fallbacks"].as_u64(), state["pd"]["decisions"]["transfer_failed"].as_u64()),
+        (Some(3), Some(3))
+    );
     Ok(())
 }
 

@@ -49,6 +49,7 @@ const fn s() -> EngineSignals {
         prompt_tokens_per_s: None,
         generation_tokens_per_s: None,
         preemptions_per_s: None,
+        kv_transfer_mean_s: None,
     }
 }
 
@@ -67,6 +68,7 @@ fn cases() -> Vec<Case> {
         prompt_tokens_per_s: Some(600.0),
         generation_tokens_per_s: Some(100.0),
         preemptions_per_s: Some(1.0),
+        kv_transfer_mean_s: None,
     };
     let vllm_ranks: &[(&str, Option<f64>, Option<f64>)] =
         &[("0", Some(3.0), Some(0.75)), ("1", Some(2.0), Some(0.25))];
@@ -128,6 +130,7 @@ fn cases() -> Vec<Case> {
                 prompt_tokens_per_s: Some(800.0),
                 generation_tokens_per_s: Some(400.0),
                 preemptions_per_s: Some(0.2),
+                kv_transfer_mean_s: None,
             },
             ranks: &[],
         },
