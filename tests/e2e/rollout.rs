@@ -139,6 +139,16 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
     })
     .await?;
     assert!(diff.contains("load_factor"), "{diff}");
+    // The P/D thresholds are edited in the same document, and the diff shows them.
+    browser.find(Locator::Css("[data-testid=pd-thresholds] summary")).await?.click().await?;
+    set(&browser, "pd-param-min_uncached_tokens", json!("1024")).await?;
+    let diff = eventually("the P/D threshold in the diff", WAIT, || async {
+        browser.find(Locator::Css("[data-testid=spec-valid]")).await?;
+        let diff = text_of(&browser, "[data-testid=spec-diff]").await?;
+        Ok(diff.contains("pd.min_uncached_tokens").then_some(diff))
+    })
+    .await?;
+    assert!(diff.contains("load_factor"), "the form kept the policy's parameter: {diff}");
     screenshot(&browser, "rollout-policy.png").await?;
 
     // 2. Preview: candidate vs active on the routers' recorded traffic.
@@ -185,6 +195,7 @@ async fn edit_preview_push_canary_rollback_and_compare_in_the_browser() -> Resul
         assert_eq!(version, before + 1);
         assert_eq!(spec["policy"], "consistent_hash");
         assert_eq!(spec["params"]["load_factor"].as_f64(), Some(1.5));
+        assert_eq!(spec["pd"]["min_uncached_tokens"], 1024, "the P/D threshold went with the policy");
     }
     eventually("both drift badges in sync", WAIT, || async {
         let badges = text_of(&browser, "[data-testid=push-routers]").await?.to_lowercase();

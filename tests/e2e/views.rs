@@ -601,5 +601,21 @@ async fn chromium_shows_a_pd_fleet_its_roles_decisions_and_ttft_legs() -> Result
     let bars = browser.find_all(Locator::Css("[data-testid=pd-over-time] .pd-seg")).await?;
     assert!(!bars.is_empty(), "decisions over time are drawn");
     screenshot(&browser, "view-pd.png").await?;
+
+    // The what-if replays the recording with the prefill pool the routers tag: one prefill, one decode.
+    browser.goto(&app.view("#/whatif")).await?;
+    let split = eventually("the what-if's P/D rows", Duration::from_secs(60), || async {
+        let heading = texts(&browser, "[data-testid=whatif-result] h2").await?;
+        let split = texts(&browser, "[data-testid=whatif-pd-split] [data-testid=active]").await?;
+        Ok((heading.first().is_some_and(|h| h.ends_with("on 1 prefill + 1 decode replicas"))
+            && !split.is_empty())
+        .then_some(split))
+    })
+    .await?;
+    assert!(
+        split[0].ends_with('%') && split[0] != "0.0%",
+        "the active thresholds split long prompts: {split:?}"
+    );
+    screenshot(&browser, "view-whatif-pd.png").await?;
     Ok(())
 }

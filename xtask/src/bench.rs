@@ -1,6 +1,7 @@
 //! `cargo xtask bench ...`: picks the benchmark, and launches the two that are examples of the control
 //! crate (`fidelity`, `etcd`). The router bench is in `router_bench.rs`, the peers bench in `peers.rs`,
-//! many routers over one fleet (`bench routers`) in `routers.rs`,
+//! many routers over one fleet (`bench routers`) in `routers.rs`, P/D thresholds live and in the what-if
+//! (`bench pd`) in `pd_bench.rs`,
 //! `bench real` in `real.rs` (llama.cpp) and `real_vllm.rs` (vLLM, with the peers); their shared process kit in `procs.rs`.
 
 use std::process::Command;
@@ -14,6 +15,7 @@ pub fn run_bench(args: &[String]) -> Result<()> {
         Some("etcd") => etcd_bench(&args[1..]),
         Some("peers") => crate::peers::run_peers(),
         Some("routers") => crate::routers::run_routers(),
+        Some("pd") => crate::pd_bench::run_pd(),
         Some("real") => match &args[1..] {
             [] => crate::real::run_real(),
             [flag, engine] if flag == "--engine" && engine == "llamacpp" => crate::real::run_real(),
@@ -22,7 +24,7 @@ pub fn run_bench(args: &[String]) -> Result<()> {
         },
         Some("fidelity") => fidelity_bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask bench router | peers | routers | real [--engine llamacpp|vllm] | fidelity [REQUESTS] | etcd [--routers N] [--pushes N]"
+            "usage: cargo xtask bench router | peers | routers | pd | real [--engine llamacpp|vllm] | fidelity [REQUESTS] | etcd [--routers N] [--pushes N]"
                 .to_owned(),
         ),
     }

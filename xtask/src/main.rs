@@ -10,6 +10,7 @@
 mod bench;
 mod dist;
 mod engines;
+mod pd_bench;
 mod peers;
 mod pgo;
 mod procs;
@@ -82,6 +83,8 @@ commands:
                    fleet and the same traces (fleet-sim bench; installs the pinned wheels; not CI)
   bench routers    1 and 4 fleet-routers over one emulated fleet, clients spread over them: hit
                    rate and TTFT p50/p95 per policy (not CI)
+  bench pd         P/D on four emulated replicas: no P/D, 2P+2D never / always / tuned split,
+                   1P+3D; live TTFT and throughput against the what-if's prediction (not CI)
   bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)
   bench real       fleet-router's policies over 3 real llama.cpp servers: TTFT and the prompt
                    tokens llama.cpp computed, and the emulator's what-if against it (not CI)

@@ -231,21 +231,38 @@ pub(crate) fn ensure_peers() -> Result<PathBuf> {
 
 /// Starts 8 cold replicas in one `fleet-sim serve` on free ports, with KV events.
 pub(crate) fn start_fleet(bin: &Path, dir: &Path) -> Result<Fleet> {
-    let kv_port = free_port_range(2 * REPLICAS as u16)?;
-    let args = [
+    start_sim(bin, dir, "fleet", REPLICAS, &[], true)
+}
+
+/// Starts one `fleet-sim serve` of `replicas` replicas on free ports (KV blocks, model length as
+/// [`start_fleet`]'s, KV events on when `kv_events`), with `extra` arguments (a `--role`), its log in
+/// `dir/NAME.log`; returns once every replica has said where it serves.
+pub(crate) fn start_sim(
+    bin: &Path,
+    dir: &Path,
+    name: &str,
+    replicas: usize,
+    extra: &[String],
+    kv_events: bool,
+) -> Result<Fleet> {
+    let mut args = vec![
         "serve".to_owned(),
         "--replicas".to_owned(),
-        REPLICAS.to_string(),
+        replicas.to_string(),
         "--base-port".to_owned(),
         "0".to_owned(),
         "--num-gpu-blocks".to_owned(),
         KV_BLOCKS.to_string(),
         "--max-model-len".to_owned(),
         MAX_MODEL_LEN.to_string(),
-        "--kv-events".to_owned(),
-        format!("tcp://127.0.0.1:{kv_port}"),
     ];
-    let log = File::create(dir.join("fleet.log")).map_err(|e| e.to_string())?;
+    if kv_events {
+        let kv_port = free_port_range(2 * replicas as u16)?;
+        args.extend(["--kv-events".to_owned(), format!("tcp://127.0.0.1:{kv_port}")]);
+    }
+    args.extend_from_slice(extra);
+    let log_path = dir.join(format!("{name}.log"));
+    let log = File::create(&log_path).map_err(|e| e.to_string())?;
     let mut child = Command::new(bin.join("fleet-sim"))
         .args(&args)
         .stdout(Stdio::piped())
@@ -256,15 +273,10 @@ pub(crate) fn start_fleet(bin: &Path, dir: &Path) -> Result<Fleet> {
     let guard = Guard(child);
     let mut lines = BufReader::new(stdout).lines();
     let (mut urls, mut kv) = (Vec::new(), Vec::new());
-    while urls.len() < REPLICAS || kv.len() < REPLICAS {
+    while urls.len() < replicas || (kv_events && kv.len() < replicas) {
         let line = match lines.next() {
             Some(Ok(line)) => line,
-            _ => {
-                return Err(format!(
-                    "fleet-sim exited during start-up; see {}",
-                    dir.join("fleet.log").display()
-                ));
-            }
+            _ => return Err(format!("fleet-sim exited during start-up; see {}", log_path.display())),
         };
         if let Some((_, url)) = line.split_once(" serving ").and_then(|(_, rest)| rest.rsplit_once(" at ")) {
             urls.push(url.to_owned());
@@ -646,7 +658,7 @@ fn verdicts(
 }
 
 /// Just enough JSON to read `fleet-sim bench --json` in a std-only crate.
-mod json {
+pub(crate) mod json {
     #[derive(Debug, Clone, PartialEq)]
     pub enum Json {
         Null,

@@ -79,6 +79,9 @@ pub struct PolicyEditor {
     /// these, so it never shows a default the canary runner does not use.
     #[serde(default)]
     pub canary_defaults: crate::CanaryGuards,
+    /// The `pd:` section's thresholds (P/D mode: replicas tagged `role=prefill`), whatever the policy.
+    #[serde(default)]
+    pub pd_params: Vec<ParamInfo>,
 }
 
 /// Arguments of [`CMD_CHECK_SPEC`].

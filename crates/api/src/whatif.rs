@@ -34,6 +34,10 @@ pub struct WhatIfArgs {
     /// profile's.
     #[serde(default)]
     pub kv_blocks: Option<u32>,
+    /// P/D: how many of the replicas prefill (the rest decode), to replay another P:D split of the same
+    /// replicas; default: as the routers tag them (none tagged `prefill`: no P/D).
+    #[serde(default)]
+    pub prefill_replicas: Option<u32>,
 }
 
 fn default_whatif_window() -> u32 {
@@ -56,8 +60,23 @@ pub struct ReplayFigures {
     pub ttft_p95_s: Option<f64>,
     /// Max over mean of prefill tokens computed per replica (1 = perfectly even), as fleet-sim reports it.
     pub imbalance: Option<f64>,
-    /// Requests each replica served, by replica index.
+    /// Requests each replica served, by replica index (the decode replicas in a P/D replay).
     pub per_replica_requests: Vec<u64>,
+    /// A P/D replay's split decisions and legs.
+    #[serde(default)]
+    pub pd: Option<PdFigures>,
+}
+
+/// What a P/D replay adds to a policy's figures.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PdFigures {
+    /// Split requests / all.
+    pub split_share: f64,
+    /// Decisions per reason.
+    pub decisions: std::collections::BTreeMap<String, u64>,
+    /// Mean prefill leg and KV transfer, ms.
+    pub prefill_leg_mean_ms: f64,
+    pub transfer_mean_ms: f64,
 }
 
 /// Candidate and active side by side over the same traffic.
@@ -66,7 +85,11 @@ pub struct WhatIfResult {
     /// Where the traffic came from (routers' recordings or a file).
     pub source: String,
     pub requests: u64,
+    /// Replicas replayed (the decode replicas in a P/D replay).
     pub replicas: u32,
+    /// P/D: prefill replicas beside them (`None`: no P/D).
+    #[serde(default)]
+    pub prefill_replicas: Option<u32>,
     pub candidate: ReplayFigures,
     pub active: ReplayFigures,
     /// Wall time of both replays.

@@ -190,6 +190,7 @@ async fn predict(
                 replicas: None,
                 profile: Some(profile.to_owned()),
                 kv_blocks: None,
+                prefill_replicas: None,
             };
             async move { Ok(control.whatif().start(args).await.ok()) }
         })

@@ -219,6 +219,22 @@ pub struct PdDecision {
     pub explanation: String,
 }
 
+/// The spec the prefill pool's engine runs for the policy `spec`: the policy itself when it is cache-aware
+/// (`cache_aware_approx`, `kv_precise`, `weighted_scorers`), else `cache_aware_approx` with the policy's
+/// hashing, so a prefill pick always follows the prefix (the prefill replica that holds most of the prompt).
+/// fleet-router's prefill pool and fleet-sim's P/D replay both run it, so the what-if picks as the router does.
+pub fn prefill_spec(spec: &crate::PolicySpec) -> crate::PolicySpec {
+    match spec.policy.as_str() {
+        "cache_aware_approx" | "kv_precise" | "weighted_scorers" => spec.clone(),
+        _ => {
+            let hashing = spec.resolve().map(|policy| policy.hashing()).unwrap_or_default();
+            crate::PolicySpec::named("cache_aware_approx")
+                .with("block_tokens", hashing.block_tokens)
+                .with("chunk_bytes", hashing.chunk_bytes)
+        }
+    }
+}
+
 /// Decides whether to split one request. Pure: the same params and inputs give the same decision.
 ///
 /// The rules, first match wins: no healthy prefill replica → local; prompt under `min_prompt_tokens` →

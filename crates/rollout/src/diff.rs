@@ -4,7 +4,7 @@
 //! same way, and would hide that a policy change also changes every parameter's meaning. So both sides are
 //! expanded to their effective values (given, else the documented default) before comparing.
 
-use fleet_policy::{PolicySpec, param_docs};
+use fleet_policy::{PolicySpec, param_docs, pd_param_docs};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -19,6 +19,19 @@ pub fn effective_params(spec: &PolicySpec) -> Map<String, Value> {
         params.insert(name.clone(), value.clone());
     }
     params
+}
+
+/// The `pd:` thresholds (P/D mode) a router would use, named `pd.NAME`: the given one, else the default.
+/// They are part of every spec whatever its policy, so a change of thresholds alone is a change to push.
+pub fn effective_pd(spec: &PolicySpec) -> Map<String, Value> {
+    let mut pd = Map::new();
+    for doc in pd_param_docs() {
+        pd.insert(format!("pd.{}", doc.name), doc.default.clone());
+    }
+    for (name, value) in &spec.pd {
+        pd.insert(format!("pd.{name}"), value.clone());
+    }
+    pd
 }
 
 /// One parameter that differs.
@@ -51,8 +64,10 @@ impl SpecDiff {
 pub fn spec_diff(running: &PolicySpec, candidate: &PolicySpec) -> SpecDiff {
     let policy =
         (running.policy != candidate.policy).then(|| (running.policy.clone(), candidate.policy.clone()));
-    let before = effective_params(running);
-    let after = effective_params(candidate);
+    let mut before = effective_params(running);
+    before.extend(effective_pd(running));
+    let mut after = effective_params(candidate);
+    after.extend(effective_pd(candidate));
     let mut names: Vec<&String> = before.keys().chain(after.keys()).collect();
     names.sort();
     names.dedup();
@@ -105,6 +120,28 @@ mod tests {
                 before: Some(json!(1.25)),
                 after: Some(json!(2))
             }]
+        );
+    }
+
+    #[test]
+    fn pd_thresholds_alone_are_a_change_and_their_defaults_are_not() {
+        let mut running = PolicySpec::named("cache_aware_approx");
+        let mut candidate = running.clone();
+        candidate.pd.insert("min_uncached_tokens".into(), json!(1024));
+        let diff = spec_diff(&running, &candidate);
+        assert!(!diff.is_empty());
+        assert_eq!(
+            diff.params,
+            vec![ParamChange {
+                name: "pd.min_uncached_tokens".into(),
+                before: Some(json!(512)),
+                after: Some(json!(1024))
+            }]
+        );
+        running.pd.insert("min_prompt_tokens".into(), json!(256));
+        assert!(
+            spec_diff(&running, &PolicySpec::named("cache_aware_approx")).is_empty(),
+            "256 is the default"
         );
     }
 

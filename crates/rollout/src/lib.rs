@@ -19,6 +19,6 @@ pub use canary::{
     Action, Canary, CanaryError, CanaryPlan, GuardReading, Guards, Judgement, Phase, SideWindow, Step,
     Verdict, judge,
 };
-pub use diff::{ParamChange, SpecDiff, effective_params, spec_diff};
+pub use diff::{ParamChange, SpecDiff, effective_params, effective_pd, spec_diff};
 pub use etcd::{EtcdDrift, EtcdReport, Lag, etcd_drift, watched_keys};
 pub use push::{Drift, PushOutcome, drift};

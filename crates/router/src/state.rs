@@ -27,7 +27,7 @@ use crate::metrics::{Metrics, ReplicaGauges};
 use crate::recording::Recorder;
 use crate::routing_key::Tokenize;
 use crate::upstream::{ReplicaConnections, Timeouts};
-use fleet_policy::Role;
+use fleet_policy::{Role, prefill_spec};
 
 /// Versions kept for rollback.
 const POLICY_HISTORY: usize = 100;
@@ -113,7 +113,7 @@ pub struct Group {
     pub model: String,
     /// The group's engine, over its `both` and `decode` replicas: whole requests and decode legs.
     pub engine: Mutex<PolicyEngine>,
-    /// The engine over its `prefill` replicas (P/D mode's prefill picks), running [`prefill_spec`].
+    /// The engine over its `prefill` replicas (P/D mode's prefill picks), running [`fleet_policy::prefill_spec`].
     pub prefill: Mutex<PolicyEngine>,
 }
 
@@ -123,21 +123,6 @@ impl Group {
         match role {
             Role::Prefill => &self.prefill,
             Role::Both | Role::Decode => &self.engine,
-        }
-    }
-}
-
-/// The spec the prefill pool's engine runs for the policy `spec`: the policy itself when it is cache-aware
-/// (`cache_aware_approx`, `kv_precise`, `weighted_scorers`), else `cache_aware_approx` with the policy's
-/// hashing, so a prefill pick always follows the prefix (the prefill replica that holds most of the prompt).
-pub fn prefill_spec(spec: &PolicySpec) -> PolicySpec {
-    match spec.policy.as_str() {
-        "cache_aware_approx" | "kv_precise" | "weighted_scorers" => spec.clone(),
-        _ => {
-            let hashing = spec.resolve().map(|policy| policy.hashing()).unwrap_or_default();
-            PolicySpec::named("cache_aware_approx")
-                .with("block_tokens", hashing.block_tokens)
-                .with("chunk_bytes", hashing.chunk_bytes)
         }
     }
 }

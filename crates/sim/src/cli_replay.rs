@@ -39,6 +39,19 @@ pub struct FleetArgs {
     /// router that scrapes them would (0: before every pick). Default: none, as fleet-router sees.
     #[arg(long, value_name = "MS")]
     pub replica_metrics_ms: Option<u64>,
+    /// Disaggregated prefill/decode: this many prefill replicas beside the --replicas decode replicas, each
+    /// request split or served locally by the policy's `pd:` thresholds as fleet-router decides.
+    #[arg(long, value_name = "N")]
+    pub prefill_replicas: Option<u32>,
+    /// With --prefill-replicas: the KV link's bandwidth in gigabits per second (as `serve --transfer-gbps`).
+    #[arg(long, requires = "prefill_replicas", default_value_t = 100.0)]
+    pub transfer_gbps: f64,
+    /// With --prefill-replicas: a transfer's fixed cost in milliseconds (as `serve --transfer-latency-ms`).
+    #[arg(long, requires = "prefill_replicas", default_value_t = 0.5)]
+    pub transfer_latency_ms: f64,
+    /// With --prefill-replicas: KV bytes per token (131072 for Llama-3.1-8B in bf16).
+    #[arg(long, requires = "prefill_replicas", default_value_t = 131_072)]
+    pub kv_bytes_per_token: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -135,6 +148,17 @@ fn prepare(fleet: &FleetArgs) -> Result<(PreparedTrace, ReplayConfig)> {
     config.capacity_blocks = fleet.capacity_blocks;
     config.seed = fleet.seed;
     config.metrics_interval_ms = fleet.replica_metrics_ms;
+    if let Some(prefill_replicas) = fleet.prefill_replicas {
+        let transfer = fleet_sim::engine::TransferCost {
+            bytes_per_token: fleet.kv_bytes_per_token,
+            gbps: fleet.transfer_gbps,
+            latency_us: (fleet.transfer_latency_ms.max(0.0) * 1e3).round() as u64,
+        };
+        transfer
+            .validate()
+            .map_err(|fix| anyhow::anyhow!("--transfer-gbps {}: {fix}", fleet.transfer_gbps))?;
+        config.pd = Some(replay::PdReplay { prefill_replicas, transfer, ..Default::default() });
+    }
     Ok((prepared, config))
 }
 

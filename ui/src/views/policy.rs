@@ -14,14 +14,18 @@ use crate::components::{EmptyState, ErrorBanner};
 use crate::policy_diff::{diff_row, drift_view};
 use crate::poll::poll;
 
-/// `{policy, params}` as the pretty JSON the raw view shows.
-fn compose(policy: &str, params: &Map<String, Value>) -> String {
-    let doc = if params.is_empty() {
-        json!({"policy": policy})
-    } else {
-        json!({"policy": policy, "params": params})
-    };
-    serde_json::to_string_pretty(&doc).unwrap_or_default()
+/// `{policy, params, pd}` as the pretty JSON the raw view shows (empty sections left out).
+fn compose(policy: &str, params: &Map<String, Value>, pd: &Map<String, Value>) -> String {
+    let mut doc = Map::new();
+    doc.insert("policy".to_owned(), json!(policy));
+    if !params.is_empty() {
+        doc.insert("params".to_owned(), Value::Object(params.clone()));
+    }
+    // The P/D thresholds belong to the fleet, not the policy: kept whatever the form changes.
+    if !pd.is_empty() {
+        doc.insert("pd".to_owned(), Value::Object(pd.clone()));
+    }
+    serde_json::to_string_pretty(&Value::Object(doc)).unwrap_or_default()
 }
 
 #[component]
@@ -30,6 +34,7 @@ pub fn PolicyView() -> impl IntoView {
     let text = RwSignal::new(stored_candidate().unwrap_or_default());
     let policy = RwSignal::new(String::new());
     let params = RwSignal::new(Map::<String, Value>::new());
+    let pd = RwSignal::new(Map::<String, Value>::new());
     let check = RwSignal::new(None::<SpecCheck>);
     let check_error = RwSignal::new(None::<ApiError>);
     let raw_yaml = RwSignal::new(true);
@@ -45,7 +50,7 @@ pub fn PolicyView() -> impl IntoView {
                     .intended_json
                     .clone()
                     .or_else(|| e.routers.iter().find_map(|r| r.spec_json.clone()))
-                    .unwrap_or_else(|| compose("round_robin", &Map::new()));
+                    .unwrap_or_else(|| compose("round_robin", &Map::new(), &Map::new()));
                 text.set(start);
             }
         });
@@ -60,22 +65,31 @@ pub fn PolicyView() -> impl IntoView {
             {
                 policy.set(doc["policy"].as_str().unwrap_or_default().to_owned());
                 params.set(doc["params"].as_object().cloned().unwrap_or_default());
+                pd.set(doc["pd"].as_object().cloned().unwrap_or_default());
             }
         })
     });
-    let set_param = move |name: String, value: Option<Value>| {
-        params.update(|p| {
+    let recompose =
+        move || text.set(compose(&policy.get_untracked(), &params.get_untracked(), &pd.get_untracked()));
+    let set_in = move |section: RwSignal<Map<String, Value>>, name: String, value: Option<Value>| {
+        section.update(|p| {
             match value {
                 Some(v) => p.insert(name, v),
                 None => p.remove(&name),
             };
         });
-        text.set(compose(&policy.get_untracked(), &params.get_untracked()));
+        recompose();
     };
+    let set_param = move |name: String, value: Option<Value>| set_in(params, name, value);
+    let set_pd = move |name: String, value: Option<Value>| set_in(pd, name, value);
     let choose_policy = move |name: String| {
         policy.set(name.clone());
         params.set(Map::new());
-        text.set(compose(&name, &Map::new()));
+        recompose();
+    };
+    let pd_controls = move || {
+        let infos = editor.data.with(|e| e.as_ref().map(|e| e.pd_params.clone()).unwrap_or_default());
+        infos.into_iter().map(|p| param_control(p, pd, "pd", check, set_pd)).collect_view()
     };
 
     let controls = move || {
@@ -87,7 +101,11 @@ pub fn PolicyView() -> impl IntoView {
         if info.params.is_empty() {
             return view! { <p class="muted">"This policy takes no parameters."</p> }.into_any();
         }
-        info.params.into_iter().map(|p| param_control(p, params, check, set_param)).collect_view().into_any()
+        info.params
+            .into_iter()
+            .map(|p| param_control(p, params, "params", check, set_param))
+            .collect_view()
+            .into_any()
     };
 
     view! {
@@ -123,6 +141,10 @@ pub fn PolicyView() -> impl IntoView {
                     </span>
                 </div>
                 <div class="param-grid">{controls}</div>
+                <details class="pd-thresholds" data-testid="pd-thresholds">
+                    <summary>"P/D thresholds (used where replicas are tagged role=prefill; kept whatever the policy)"</summary>
+                    <div class="param-grid">{pd_controls}</div>
+                </details>
                 <div class="spec-status" data-testid="spec-status">
                     {move || check.with(|c| match c {
                         None => view! { <span class="muted">"checking…"</span> }.into_any(),
@@ -188,10 +210,12 @@ pub fn PolicyView() -> impl IntoView {
     }
 }
 
-/// One parameter's control, with its default, range, meaning and any validation message.
+/// One parameter's control (of the spec's `section`, `params` or `pd`), with its default, range, meaning
+/// and any validation message.
 fn param_control(
     p: ParamInfo,
     params: RwSignal<Map<String, Value>>,
+    section: &'static str,
     check: RwSignal<Option<SpecCheck>>,
     set_param: impl Fn(String, Option<Value>) + Copy + 'static,
 ) -> impl IntoView {
@@ -201,7 +225,7 @@ fn param_control(
         let (name, default) = (name.clone(), default.clone());
         move || params.with(|m| m.get(&name).cloned().unwrap_or_else(|| default.clone()))
     };
-    let field = format!("params.{name}");
+    let field = format!("{section}.{name}");
     let problem = move || {
         check.with(|c| {
             c.as_ref()
@@ -210,7 +234,8 @@ fn param_control(
                 .map(|p| p.message.clone())
         })
     };
-    let testid = format!("param-{name}");
+    let testid =
+        if section == "params" { format!("param-{name}") } else { format!("{section}-param-{name}") };
     let input = match p.kind.as_str() {
         "integer" | "float" => {
             let integer = p.kind == "integer";

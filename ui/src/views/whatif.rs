@@ -28,6 +28,8 @@ pub fn WhatIfView() -> impl IntoView {
     // The operator's engine profile and KV capacity (empty: chosen from the replicas' metrics).
     let profile = RwSignal::new(String::new());
     let kv_blocks = RwSignal::new(String::new());
+    // P/D: how many of the replicas prefill (empty: as the routers tag them).
+    let prefill_replicas = RwSignal::new(String::new());
     let status = RwSignal::new(None::<WhatIfStatus>);
     let error = RwSignal::new(None::<ApiError>);
     let edits = RwSignal::new(0_u64);
@@ -40,6 +42,7 @@ pub fn WhatIfView() -> impl IntoView {
             replicas: None,
             profile: Some(profile.get_untracked()).filter(|p| !p.trim().is_empty()),
             kv_blocks: kv_blocks.get_untracked().trim().parse().ok(),
+            prefill_replicas: prefill_replicas.get_untracked().trim().parse().ok(),
         };
         store_candidate(&args.text);
         spawn_local(async move {
@@ -138,6 +141,11 @@ pub fn WhatIfView() -> impl IntoView {
                             prop:value=move || kv_blocks.get()
                             on:change=move |ev| kv_blocks.set(event_target_value(&ev)) />
                     </label>
+                    <label title="P/D: how many of the same replicas prefill, the rest decode; empty: as the routers tag them">" prefill replicas "
+                        <input type="text" size="3" placeholder="auto" data-testid="whatif-prefill-replicas"
+                            prop:value=move || prefill_replicas.get()
+                            on:change=move |ev| prefill_replicas.set(event_target_value(&ev)) />
+                    </label>
                     <button data-testid="whatif-run" on:click=move |_| run()>"Run"</button>
                     <button data-testid="whatif-cancel" on:click=cancel
                         disabled=move || !status.with(|s| s.as_ref().is_some_and(|s| s.state == "running"))>"Cancel"</button>
@@ -199,7 +207,10 @@ fn result_view(r: &WhatIfResult) -> impl IntoView + use<> {
     };
     view! {
         <div class="card-head">
-            <h2>{format!("{} requests on {} replicas", r.requests, r.replicas)}</h2>
+            <h2>{match r.prefill_replicas {
+                Some(p) => format!("{} requests on {p} prefill + {} decode replicas", r.requests, r.replicas),
+                None => format!("{} requests on {} replicas", r.requests, r.replicas),
+            }}</h2>
             <span class="card-meta" data-testid="whatif-elapsed">{format!("{} · replayed in {} ms", r.source, r.elapsed_ms)}</span>
         </div>
         <table class="replicas whatif-table">
@@ -211,6 +222,11 @@ fn result_view(r: &WhatIfResult) -> impl IntoView + use<> {
                 {row("TTFT p50", "ttft-p50", |f| format::duration_s(f.ttft_p50_s))}
                 {row("TTFT p95", "ttft-p95", |f| format::duration_s(f.ttft_p95_s))}
                 {row("Imbalance (max/mean prefill)", "imbalance", |f| f.imbalance.map(|v| format!("{v:.2}")).unwrap_or_default())}
+                {r.prefill_replicas.is_some().then(|| view! {
+                    {row("P/D: split", "pd-split", |f| f.pd.as_ref().map_or_else(String::new, |pd| format::percent(Some(pd.split_share))))}
+                    {row("P/D: prefill leg, mean", "pd-leg", |f| f.pd.as_ref().map_or_else(String::new, |pd| format::duration_s(Some(pd.prefill_leg_mean_ms / 1e3))))}
+                    {row("P/D: KV transfer, mean", "pd-transfer", |f| f.pd.as_ref().map_or_else(String::new, |pd| format::duration_s(Some(pd.transfer_mean_ms / 1e3))))}
+                })}
             </tbody>
         </table>
         <p class="muted" data-testid="whatif-fidelity">{r.fidelity.as_ref().map_or_else(

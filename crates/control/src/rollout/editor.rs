@@ -5,8 +5,10 @@
 //! Pure: [`super::Rollout::policy_editor`] and [`super::Rollout::check_spec`] gather the routers' specs
 //! and call these.
 
-use fleet_policy::{POLICY_NAMES, ParamKind, PolicySpec, SpecError, param_docs, policy_summary};
-use fleet_rollout::{SpecDiff, effective_params};
+use fleet_policy::{
+    POLICY_NAMES, ParamDoc, ParamKind, PolicySpec, SpecError, param_docs, pd_param_docs, policy_summary,
+};
+use fleet_rollout::{SpecDiff, effective_params, effective_pd};
 use fleetdeck_api::{ApiError, ParamDelta, ParamInfo, PolicyInfo, RouterDiff, SpecCheck, SpecProblem};
 
 /// Longest spec text accepted: a spec is a few hundred bytes; more is a pasted mistake. fleet-policy's own
@@ -20,30 +22,36 @@ pub fn policy_infos() -> Vec<PolicyInfo> {
         .map(|name| PolicyInfo {
             name: (*name).to_owned(),
             summary: policy_summary(name).unwrap_or_default().to_owned(),
-            params: param_docs(name)
-                .into_iter()
-                .map(|doc| {
-                    let (kind, min, max, options) = match &doc.kind {
-                        ParamKind::Integer { min, max } => {
-                            ("integer", Some(*min as f64), Some(*max as f64), vec![])
-                        }
-                        ParamKind::Float { min, max } => ("float", Some(*min), Some(*max), vec![]),
-                        ParamKind::Bool => ("bool", None, None, vec![]),
-                        ParamKind::Choice { options } => {
-                            ("choice", None, None, options.iter().map(|o| (*o).to_owned()).collect())
-                        }
-                    };
-                    ParamInfo {
-                        name: doc.name.to_owned(),
-                        kind: kind.to_owned(),
-                        min,
-                        max,
-                        options,
-                        default_json: doc.default.to_string(),
-                        meaning: doc.meaning.to_owned(),
-                    }
-                })
-                .collect(),
+            params: param_infos(param_docs(name)),
+        })
+        .collect()
+}
+
+/// The `pd:` section's thresholds, as the editor draws them.
+pub fn pd_param_infos() -> Vec<ParamInfo> {
+    param_infos(pd_param_docs())
+}
+
+fn param_infos(docs: Vec<ParamDoc>) -> Vec<ParamInfo> {
+    docs.into_iter()
+        .map(|doc| {
+            let (kind, min, max, options) = match &doc.kind {
+                ParamKind::Integer { min, max } => ("integer", Some(*min as f64), Some(*max as f64), vec![]),
+                ParamKind::Float { min, max } => ("float", Some(*min), Some(*max), vec![]),
+                ParamKind::Bool => ("bool", None, None, vec![]),
+                ParamKind::Choice { options } => {
+                    ("choice", None, None, options.iter().map(|o| (*o).to_owned()).collect())
+                }
+            };
+            ParamInfo {
+                name: doc.name.to_owned(),
+                kind: kind.to_owned(),
+                min,
+                max,
+                options,
+                default_json: doc.default.to_string(),
+                meaning: doc.meaning.to_owned(),
+            }
         })
         .collect()
 }
@@ -131,6 +139,7 @@ pub fn check_of(parsed: &Result<PolicySpec, SpecProblem>) -> SpecCheck {
             yaml: Some(spec.to_yaml()),
             effective: effective_params(spec)
                 .into_iter()
+                .chain(effective_pd(spec))
                 .map(|(name, value)| (name, value.to_string()))
                 .collect(),
             diffs: Vec::new(),

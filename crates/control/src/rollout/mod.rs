@@ -204,6 +204,7 @@ impl Rollout {
             intended_json: intended.map(|(_, spec)| spec.to_json()),
             etcd_key: self.inner.etcd.main_key().map(str::to_owned),
             canary_defaults: canary::guards_view(&fleet_rollout::Guards::default()),
+            pd_params: editor::pd_param_infos(),
         })
     }
 

@@ -377,6 +377,18 @@ impl Routers {
         clients.into_iter().map(|c| c.url).zip(results).collect()
     }
 
+    /// Replicas the routers tag `role=prefill` (each URL once).
+    pub(crate) fn prefill_replica_count(&self) -> u32 {
+        let mut urls: Vec<String> = self
+            .states()
+            .iter()
+            .flat_map(|s| s.replicas.iter().filter(|r| r.role == "prefill").map(|r| r.url.clone()))
+            .collect();
+        urls.sort();
+        urls.dedup();
+        urls.len() as u32
+    }
+
     /// The replica URLs the routers route to, sorted and without repeats.
     pub(crate) fn replica_urls(&self) -> Vec<String> {
         let mut urls: Vec<String> =

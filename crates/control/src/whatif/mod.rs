@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use fleet_policy::PolicySpec;
 use fleet_rollout::spec_diff;
-use fleet_sim::replay::{self, PreparedTrace, Progress, ReplayConfig, ReplayControl, ReplayReport};
+use fleet_sim::replay::{self, PdReplay, PreparedTrace, Progress, ReplayConfig, ReplayControl, ReplayReport};
 use fleet_trace::{Trace, TraceRecord};
 use fleetdeck_api::{
     ApiError, ReplayFigures, WhatIfArgs, WhatIfCoverage, WhatIfJobArgs, WhatIfProfile, WhatIfResult,
@@ -82,6 +82,12 @@ pub fn figures(policy: &str, report: &ReplayReport, overhead_s: f64) -> ReplayFi
         ttft_p95_s: Some(report.ttft_p95_s + overhead_s),
         imbalance: Some(report.imbalance),
         per_replica_requests: report.per_replica.iter().map(|r| r.requests).collect(),
+        pd: report.pd.as_ref().map(|pd| fleetdeck_api::PdFigures {
+            split_share: pd.split_share,
+            decisions: pd.decisions.clone(),
+            prefill_leg_mean_ms: pd.prefill_leg_mean_s * 1e3,
+            transfer_mean_ms: pd.transfer_mean_s * 1e3,
+        }),
     }
 }
 
@@ -523,7 +529,24 @@ impl WhatIf {
                 urls
             }
         };
-        let replicas = args.replicas.unwrap_or((replica_urls.len() as u32).max(1));
+        // P/D: the prefill replicas the routers know, or the operator's other split of the same replicas.
+        let tagged_prefill = self.inner.routers.prefill_replica_count();
+        let prefill_replicas = args.prefill_replicas.or((tagged_prefill > 0).then_some(tagged_prefill));
+        let total = (replica_urls.len() as u32).max(1);
+        let replicas = match (args.replicas, prefill_replicas) {
+            (Some(replicas), _) => replicas,
+            (None, Some(prefill)) if prefill < total => total - prefill,
+            (None, Some(prefill)) => {
+                return Err(ApiError::new(
+                    "bad_request",
+                    format!(
+                        "prefill_replicas is {prefill} of {total} replicas; leave at least one to decode, or \
+                         give replicas (the decode replicas) too"
+                    ),
+                ));
+            }
+            (None, None) => total,
+        };
         if !(1..=MAX_WHATIF_REPLICAS).contains(&replicas) {
             return Err(ApiError::new(
                 "bad_request",
@@ -574,7 +597,9 @@ impl WhatIf {
             previous.cancel.store(true, Ordering::Relaxed);
         }
         let first = lock(&status).clone();
-        let base = ReplayConfig { replicas, ..config };
+        let pd =
+            prefill_replicas.map(|prefill_replicas| PdReplay { prefill_replicas, ..PdReplay::default() });
+        let base = ReplayConfig { replicas, pd, ..config };
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
             let outcome = replay_both(&prepared, &base, &candidate, &active, &cancel, &routed);
@@ -590,6 +615,7 @@ impl WhatIf {
                         source,
                         requests: prepared.requests.len() as u64,
                         replicas,
+                        prefill_replicas,
                         candidate: figures(&candidate.policy, &cand, added),
                         active: figures(&active.policy, &act, added),
                         ttft_overhead_ms: overhead.map(|s| s * 1000.0),

@@ -238,3 +238,62 @@ async fn errors_injected_by_fleet_sim_roll_the_canary_back_on_its_error_rate() -
     assert!(done.moved.is_empty(), "{:?}", done.moved);
     Ok(())
 }
+
+/// The P/D thresholds are part of the policy document, so a canary of new thresholds pushes the prefill
+/// and decode parts as one change and an abort rolls them back together, whatever else the document says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canary_of_pd_thresholds_pushes_and_rolls_back_them_as_one_change() -> Result<()> {
+    let f = fleet(2).await?;
+    let urls: Vec<String> = f.routers.iter().map(|(_, url)| url.clone()).collect();
+    let spec_of = |url: String| async move {
+        let body: Value = admin(&url, reqwest::Method::GET, "/admin/policy")
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        anyhow::Ok(body["spec"].clone())
+    };
+    let (version, _) = policy_of(&urls[0]).await?;
+    let before = "policy: cache_aware_approx\npd:\n  min_prompt_tokens: 300\n";
+    let put = admin(&urls[0], reqwest::Method::PUT, "/admin/policy")
+        .header("If-Match", format!("\"{version}\""))
+        .body(before)
+        .send()
+        .await?;
+    assert!(put.status().is_success(), "{}", put.status());
+    let original = spec_of(urls[0].clone()).await?;
+
+    let text = "policy: cache_aware_approx\nparams:\n  cache_threshold: 0.3\n\
+                pd:\n  min_prompt_tokens: 1024\n  min_uncached_tokens: 128\n  max_prefill_queue: 4\n";
+    f.control
+        .canary()
+        .start(CanaryArgs {
+            text: text.into(),
+            canary: vec![urls[0].clone()],
+            baseline: vec![urls[1].clone()],
+            observe_s: 600,
+            guards: CanaryGuards::default(),
+            check_every_ms: Some(500),
+            operator: Some("ana".into()),
+            reviewed: reviewed(&f.control, text).await?,
+        })
+        .await?;
+    let pushed = eventually("the canary router to run the new thresholds", Duration::from_secs(30), || {
+        let url = urls[0].clone();
+        async move {
+            let spec = spec_of(url).await?;
+            Ok((spec["pd"]["min_prompt_tokens"] == 1024).then_some(spec))
+        }
+    })
+    .await?;
+    assert_eq!(pushed["pd"]["min_uncached_tokens"], 128, "{pushed}");
+    assert_eq!(pushed["pd"]["max_prefill_queue"], 4, "{pushed}");
+    assert_eq!(pushed["params"]["cache_threshold"], 0.3, "{pushed}");
+
+    f.control.canary().abort(fleetdeck_api::AbortCanaryArgs { reason: "the test aborts".into() }).await?;
+    let done = finished(&f.control, Duration::from_secs(60)).await?;
+    assert_eq!(done.phase, "rolled_back", "{done:?}");
+    assert_eq!(spec_of(urls[0].clone()).await?, original, "every part of the document is back");
+    Ok(())
+}

@@ -216,6 +216,7 @@ async fn what_if_replays_recorded_traffic_under_both_policies() -> Result<()> {
             replicas: Some(2),
             profile: None,
             kv_blocks: None,
+            prefill_replicas: None,
         })
         .await?;
     let done = eventually("the what-if result", Duration::from_secs(60), || {
@@ -249,6 +250,7 @@ async fn what_if_replays_recorded_traffic_under_both_policies() -> Result<()> {
             replicas: None,
             profile: None,
             kv_blocks: None,
+            prefill_replicas: None,
         })
         .await
         .expect_err("invalid candidate");

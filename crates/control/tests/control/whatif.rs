@@ -91,6 +91,7 @@ async fn the_baseline_is_what_each_router_runs_and_an_unreachable_router_is_repo
         replicas: None,
         profile: profile.map(str::to_owned),
         kv_blocks,
+        prefill_replicas: None,
     };
     let result = run(&control, args(None, None)).await?;
     // The busier router runs round_robin: that is the baseline, whatever the app last meant to push.
@@ -155,5 +156,93 @@ async fn every_page_of_a_routers_window_is_read_up_to_the_limit() -> Result<()> 
     let sample = client.trace_window_paged(0, 10, 4).await?;
     assert_eq!(sample.records.len(), 10);
     assert!(sample.unread as usize >= total - 10, "{} unread of {total}", sample.unread);
+    Ok(())
+}
+
+/// A P/D fleet's recorded traffic replayed with both pools: the routers' roles set the P:D split, the
+/// candidate's `pd:` thresholds change what is split, and another split of the same replicas is replayed
+/// on request (a split that leaves nothing to decode is refused with the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pd_fleet_is_replayed_with_its_prefill_pool_under_other_thresholds_and_splits() -> Result<()> {
+    use fleet_sim::pd::{PdConfig, Role};
+    let role = |role| fleet_sim::ModelConfig {
+        pd: PdConfig { role, ..PdConfig::default() },
+        ..fleet_sim::ModelConfig::default()
+    };
+    let (prefill, decode) =
+        (spawn_sim(1, role(Role::Prefill)).await?, spawn_sim(1, role(Role::Decode)).await?);
+    let model = fleet_sim::DEFAULT_MODEL;
+    let router = spawn_router_with(RouterConfig {
+        replicas: vec![
+            format!("{},model={model},role=prefill", prefill.urls()[0]),
+            format!("{},model={model},role=decode", decode.urls()[0]),
+        ],
+        admin_token: Some(TOKEN.into()),
+        policy: "policy: cache_aware_approx".parse()?,
+        ..Default::default()
+    })
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let replicas = vec![prefill.urls()[0].clone(), decode.urls()[0].clone()];
+    let mut config = ControlConfig::new(replicas, dir.path().join("history.db"));
+    config.routers =
+        vec![RouterTarget { url: router.url(), token: Some(TOKEN.into()), ..RouterTarget::default() }];
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(config, stop).await?;
+    eventually("the router's roles", Duration::from_secs(20), || async {
+        let view = control.disagg().view(Default::default()).await?;
+        Ok(view.disaggregated.then_some(()))
+    })
+    .await?;
+
+    // Long prompts of their own (split live) and short ones (local).
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?;
+    for i in 0..12 {
+        let prompt = if i % 3 == 0 {
+            format!("short question {i}")
+        } else {
+            format!("tenant {i} sends a long document of its own to summarise; ").repeat(48)
+        };
+        client
+            .post(format!("{}/v1/completions", router.url()))
+            .json(&serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 4}))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    recorded(&router.url(), 12).await?;
+
+    let args = |text: &str, prefill_replicas: Option<u32>| WhatIfArgs {
+        text: text.into(),
+        window_s: 600,
+        trace_path: None,
+        replicas: None,
+        profile: None,
+        kv_blocks: None,
+        prefill_replicas,
+    };
+    let never = "policy: cache_aware_approx\npd:\n  min_prompt_tokens: 1000000\n";
+    let result = run(&control, args(never, None)).await?;
+    assert_eq!((result.prefill_replicas, result.replicas), (Some(1), 1), "the routers' roles: 1 P, 1 D");
+    let (candidate, active) =
+        (result.candidate.pd.context("P/D figures")?, result.active.pd.context("P/D figures")?);
+    assert_eq!(candidate.split_share, 0.0, "{candidate:?}");
+    assert_eq!(candidate.decisions.get("short_prompt"), Some(&12));
+    // The routers' own thresholds (the defaults) split the 8 long prompts, as they did live.
+    assert_eq!(active.decisions.get("split"), Some(&8), "{active:?}");
+    assert!(active.transfer_mean_ms > 0.0 && active.prefill_leg_mean_ms > 0.0, "{active:?}");
+
+    // Another split of the same two replicas: none prefills, both decode.
+    let result = run(&control, args("policy: cache_aware_approx", Some(0))).await?;
+    assert_eq!((result.prefill_replicas, result.replicas), (Some(0), 2));
+    let pd = result.candidate.pd.context("P/D figures")?;
+    assert_eq!(pd.decisions.get("no_prefill_replica"), Some(&12), "{pd:?}");
+    let refused =
+        control.whatif().start(args("policy: cache_aware_approx", Some(2))).await.expect_err("no decode");
+    assert!(
+        refused.code == "bad_request" && refused.message.contains("leave at least one to decode"),
+        "{refused:?}"
+    );
     Ok(())
 }

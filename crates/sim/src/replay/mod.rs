@@ -10,6 +10,7 @@
 //! Deterministic: the same trace, configuration and seed give the same report. Library callers (the app)
 //! get progress callbacks and cancellation through [`ReplayControl`].
 
+mod pd;
 pub mod pooled;
 pub mod prepare;
 mod report;
@@ -22,6 +23,7 @@ use fleet_policy::{
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
+pub use pd::{PdReplay, PdReport};
 pub use prepare::{PreparedRequest, PreparedTrace, prepare};
 pub use report::{ReplayReport, ReplicaReport, format_comparison, format_report};
 
@@ -48,6 +50,9 @@ pub struct ReplayConfig {
     /// requests instead. Feeding metrics the live router never sees made the what-if of metric-weighted
     /// policies predict another fleet (19 pp of hit rate off for weighted_scorers, `cargo xtask bench fidelity`).
     pub metrics_interval_ms: Option<u64>,
+    /// A prefill pool beside the `replicas` (which are then the decode replicas), split per request by the
+    /// policy's `pd` thresholds as fleet-router does; `None`: every replica serves whole requests.
+    pub pd: Option<PdReplay>,
 }
 
 impl ReplayConfig {
@@ -60,6 +65,7 @@ impl ReplayConfig {
             capacity_blocks: None,
             seed: 1,
             metrics_interval_ms: None,
+            pd: None,
         }
     }
 
@@ -75,6 +81,9 @@ impl ReplayConfig {
         config.num_gpu_blocks = self.capacity_for(block_tokens);
         config.kv_events = true;
         config.token_events = false;
+        if let Some(pd) = &self.pd {
+            config.kv_transfer = pd.transfer.clone();
+        }
         config
     }
 }
@@ -155,6 +164,10 @@ pub(crate) struct Outcome {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub output_tokens: u32,
+    /// Prefilled in the prefill pool (P/D): `cached_tokens` is what the prefill replica found.
+    pub split: bool,
+    /// The KV transfer of a split request, when it ran.
+    pub transfer_us: Option<Micros>,
 }
 
 /// Replays a prepared trace under one configuration.
@@ -183,6 +196,14 @@ pub fn replay(
     let mut rng = StdRng::seed_from_u64(config.seed);
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(trace.requests.len());
     let mut last_metrics_ms: Option<u64> = None;
+    let mut prefill = match &config.pd {
+        Some(pd) => {
+            Some(pd::PdSide::new(pd, &config.policy, &engine_config, trace.block_tokens, config.seed)?)
+        }
+        None => None,
+    };
+    // KV pulls finished on the decode side (P/D), whose prefill holds are then released.
+    let mut pulled: Vec<(u64, Micros)> = Vec::new();
     let total = trace.requests.len();
     let tick = (total / 100).max(1);
 
@@ -197,8 +218,16 @@ pub fn replay(
         }
         let now = request.arrival_us;
         let now_ms = now / 1000;
+        if let Some(prefill) = prefill.as_mut() {
+            prefill.advance_to(now, &mut engines, &mut policy, &mut outcomes, &mut pulled);
+        }
         for (r, engine) in engines.iter_mut().enumerate() {
-            engine.advance_to(now, &mut |event| on_event(&mut policy, &mut outcomes, r as u32, event));
+            engine.advance_to(now, &mut |event| {
+                pd::decode_event(&mut policy, &mut outcomes, &mut pulled, r as u32, event)
+            });
+        }
+        if let Some(prefill) = prefill.as_mut() {
+            prefill.release_pulled(&mut pulled);
         }
         if let Some(interval_ms) = config.metrics_interval_ms
             && last_metrics_ms.is_none_or(|at| now_ms >= at + interval_ms)
@@ -233,11 +262,16 @@ pub fn replay(
             output_tokens: 0,
             ..Outcome::default()
         });
+        if let Some(prefill) = prefill.as_mut()
+            && prefill.try_split(id, &view, request.output_tokens, &decision, now, &mut outcomes)
+        {
+            continue;
+        }
         let prompt = Prompt::from_hashes(request.prompt_tokens, view.block_hashes);
         let engine_request = EngineRequest::new(id, prompt, request.output_tokens);
         engines[replica as usize]
             .add_request(engine_request, now, &mut |event| {
-                on_event(&mut policy, &mut outcomes, replica, event)
+                pd::decode_event(&mut policy, &mut outcomes, &mut pulled, replica, event)
             })
             .map_err(|e| match e {
                 crate::engine::AddError::TooLarge { needed, capacity, .. } => {
@@ -246,15 +280,22 @@ pub fn replay(
                 other => ReplayError::Config { field: "trace", message: other.to_string() },
             })?;
     }
+    if let Some(prefill) = prefill.as_mut() {
+        prefill.advance_to(Micros::MAX, &mut engines, &mut policy, &mut outcomes, &mut pulled);
+    }
     for (r, engine) in engines.iter_mut().enumerate() {
-        engine.advance_to(Micros::MAX, &mut |event| on_event(&mut policy, &mut outcomes, r as u32, event));
+        engine.advance_to(Micros::MAX, &mut |event| {
+            pd::decode_event(&mut policy, &mut outcomes, &mut pulled, r as u32, event)
+        });
     }
     if let Some(progress) = control.progress {
         let end = outcomes.iter().filter_map(|o| o.finished).max().unwrap_or(0);
         progress(Progress { routed: total, total, virtual_s: end as f64 / 1e6 });
     }
     let pooled = pooled::pooled_bound_hit_rate(trace, u64::from(capacity) * u64::from(config.replicas));
-    Ok(report::build(&outcomes, &engines, pooled))
+    let mut report = report::build(&outcomes, &engines, pooled);
+    report.pd = prefill.map(|prefill| prefill.report(&outcomes));
+    Ok(report)
 }
 
 /// Feeds one engine event to the policy and the outcome table.
@@ -263,27 +304,23 @@ fn on_event(policy: &mut PolicyEngine, outcomes: &mut [Outcome], replica: u32, e
         EngineEvent::FirstToken { id, at, cached_tokens } => {
             let outcome = &mut outcomes[id as usize];
             outcome.first_token = Some(at);
-            outcome.cached_tokens = cached_tokens;
+            // A split request's decode side counts the pulled KV as cached; the prefill side's count stands.
+            if !outcome.split {
+                outcome.cached_tokens = cached_tokens;
+            }
             let _ = policy.on_first_token(id, at / 1000);
         }
         EngineEvent::Finished { id, at, output_tokens, cached_tokens, .. } => {
             let outcome = &mut outcomes[id as usize];
             outcome.finished = Some(at);
             outcome.output_tokens = output_tokens;
-            outcome.cached_tokens = cached_tokens;
+            if !outcome.split {
+                outcome.cached_tokens = cached_tokens;
+            }
             let _ = policy.on_completed(id, at / 1000);
         }
         EngineEvent::Kv { at, kind } => {
-            let event = match kind {
-                KvEventKind::BlockStored { block_hashes, .. } => {
-                    KvEvent::Stored { medium: Medium::Gpu, block_hashes }
-                }
-                KvEventKind::BlockRemoved { block_hashes } => {
-                    KvEvent::Removed { medium: Medium::Gpu, block_hashes }
-                }
-                KvEventKind::AllBlocksCleared => KvEvent::AllCleared { medium: None },
-            };
-            let _ = policy.on_kv_event(ReplicaId(replica), &event, at / 1000);
+            let _ = policy.on_kv_event(ReplicaId(replica), &kv_event(kind), at / 1000);
         }
         EngineEvent::Scheduled { .. }
         | EngineEvent::Token { .. }
@@ -292,6 +329,17 @@ fn on_event(policy: &mut PolicyEngine, outcomes: &mut [Outcome], replica: u32, e
         | EngineEvent::HoldReleased { .. }
         | EngineEvent::LoadStarted { .. }
         | EngineEvent::LoadDone { .. } => {}
+    }
+}
+
+/// An engine's KV event as the policy engine takes it.
+fn kv_event(kind: KvEventKind) -> KvEvent {
+    match kind {
+        KvEventKind::BlockStored { block_hashes, .. } => {
+            KvEvent::Stored { medium: Medium::Gpu, block_hashes }
+        }
+        KvEventKind::BlockRemoved { block_hashes } => KvEvent::Removed { medium: Medium::Gpu, block_hashes },
+        KvEventKind::AllBlocksCleared => KvEvent::AllCleared { medium: None },
     }
 }
 

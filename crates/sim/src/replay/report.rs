@@ -50,8 +50,11 @@ pub struct ReplayReport {
     pub imbalance: f64,
     /// Hit rate of one LRU cache with the fleet's total capacity on the same trace.
     pub pooled_bound_hit_rate: f64,
-    /// Per replica, in index order.
+    /// Per replica, in index order (the decode replicas in a P/D replay).
     pub per_replica: Vec<ReplicaReport>,
+    /// A P/D replay's split decisions and legs (absent otherwise, and from the JSON then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pd: Option<super::PdReport>,
 }
 
 /// The report's TTFT quantile of sorted values: nearest rank, the definition the canary judges live TTFT by,
@@ -131,6 +134,7 @@ pub(super) fn build(
         imbalance,
         pooled_bound_hit_rate,
         per_replica: per,
+        pd: None,
     }
 }
 
@@ -154,6 +158,10 @@ pub fn format_report(report: &ReplayReport) -> String {
         report.throughput_tok_s,
         report.imbalance,
     );
+    if let Some(pd) = &report.pd {
+        text.push_str(&format_pd(pd));
+        text.push('\n');
+    }
     text.push_str("replica  requests  hit_rate  prefill_tokens  preemptions  ttft_p95_s\n");
     for r in &report.per_replica {
         text.push_str(&format!(
@@ -162,6 +170,20 @@ pub fn format_report(report: &ReplayReport) -> String {
         ));
     }
     text
+}
+
+/// A P/D replay's figures in two lines.
+fn format_pd(pd: &super::PdReport) -> String {
+    let decisions: Vec<String> = pd.decisions.iter().map(|(reason, n)| format!("{reason} {n}")).collect();
+    format!(
+        "P/D: {} prefill replicas, split {:.1}% ({})\nprefill leg mean {:.3} s, KV transfer mean {:.4} s, prefill pool computed {} tokens\n",
+        pd.prefill_replicas,
+        pd.split_share * 100.0,
+        decisions.join(", "),
+        pd.prefill_leg_mean_s,
+        pd.transfer_mean_s,
+        pd.prefill_pool_tokens
+    )
 }
 
 /// Several policies' reports side by side, one row each.
@@ -194,6 +216,20 @@ pub fn format_comparison(rows: &[(String, ReplayReport)]) -> String {
             r.throughput_tok_s,
             r.imbalance
         ));
+    }
+    if rows.iter().any(|(_, r)| r.pd.is_some()) {
+        text.push_str(&format!("\n{:<20} {:>8} {:>10} {:>11}\n", "policy", "split", "leg_mean", "xfer_mean"));
+        for (name, r) in rows {
+            if let Some(pd) = &r.pd {
+                text.push_str(&format!(
+                    "{:<20} {:>7.1}% {:>10.3} {:>11.4}\n",
+                    name,
+                    pd.split_share * 100.0,
+                    pd.prefill_leg_mean_s,
+                    pd.transfer_mean_s
+                ));
+            }
+        }
     }
     text
 }

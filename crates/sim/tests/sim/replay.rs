@@ -287,3 +287,70 @@ fn the_commands_generate_replay_and_compare_a_trace() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_policy"));
 }
+
+/// A policy spec with `pd:` thresholds.
+fn pd_spec(min_prompt_tokens: u32, min_uncached_tokens: u32, max_prefill_queue: u32) -> PolicySpec {
+    let mut spec = PolicySpec::named("cache_aware_approx");
+    spec.pd.insert("min_prompt_tokens".into(), min_prompt_tokens.into());
+    spec.pd.insert("min_uncached_tokens".into(), min_uncached_tokens.into());
+    spec.pd.insert("max_prefill_queue".into(), max_prefill_queue.into());
+    spec
+}
+
+fn pd_config(spec: PolicySpec, prefill_replicas: u32) -> ReplayConfig {
+    ReplayConfig {
+        pd: Some(replay::PdReplay { prefill_replicas, ..replay::PdReplay::default() }),
+        ..ReplayConfig::new(2, spec)
+    }
+}
+
+/// 512-token blocks, 10 s apart: a short prompt, a long one, the same long one again, another long one.
+fn pd_trace() -> PreparedTrace {
+    let trace = Trace::from_records(vec![
+        TraceRecord::mooncake(0, 200, 4, vec![100]),
+        TraceRecord::mooncake(10_000, 2048, 4, vec![1, 2, 3, 4]),
+        TraceRecord::mooncake(20_000, 2048, 4, vec![1, 2, 3, 4]),
+        TraceRecord::mooncake(30_000, 2048, 4, vec![5, 6, 7, 8]),
+    ])
+    .expect("valid");
+    replay::prepare(&trace, None, 1.0).expect("prepared")
+}
+
+#[test]
+fn a_pd_replay_splits_long_uncached_prompts_and_keeps_short_or_cached_ones_local() {
+    let report = replay::replay(&pd_trace(), &pd_config(pd_spec(256, 512, 16), 1), ReplayControl::default())
+        .expect("replayed");
+    let pd = report.pd.as_ref().expect("a P/D report");
+    let decisions: Vec<(&str, u64)> = pd.decisions.iter().map(|(r, n)| (r.as_str(), *n)).collect();
+    // The repeat finds its blocks at the decode replica the first one was pulled into.
+    assert_eq!(decisions, [("cached_at_decode", 1), ("short_prompt", 1), ("split", 2)]);
+    assert_eq!(pd.split_share, 0.5);
+    assert!(pd.transfer_mean_s > 0.0 && pd.prefill_leg_mean_s > pd.transfer_mean_s, "{pd:?}");
+    // The prefill pool computed both split prompts whole (their last token again at the decode side).
+    assert_eq!(pd.prefill_pool_tokens, 2 * 2048);
+    // Every request was answered by a decode replica, and the repeat hit its cache.
+    assert_eq!(report.requests, 4);
+    assert_eq!(report.per_replica.iter().map(|r| r.requests).sum::<u64>(), 4);
+    assert!(report.hit_rate > 0.0, "the repeat's 1536 cached tokens count: {report:?}");
+    // Deterministic: the same configuration gives the same report.
+    let again = replay::replay(&pd_trace(), &pd_config(pd_spec(256, 512, 16), 1), ReplayControl::default());
+    assert_eq!(again.expect("replayed"), report);
+}
+
+#[test]
+fn pd_thresholds_decide_how_much_is_split_and_a_split_costs_the_transfer() {
+    let run = |spec: PolicySpec, prefill_replicas: u32| {
+        replay::replay(&pd_trace(), &pd_config(spec, prefill_replicas), ReplayControl::default())
+            .expect("replayed")
+    };
+    let never = run(pd_spec(100_000_000, 512, 16), 1);
+    let pd = never.pd.as_ref().expect("a P/D report");
+    assert_eq!((pd.decisions.get("short_prompt"), pd.prefill_pool_tokens), (Some(&4), 0));
+    let always = run(pd_spec(0, 0, 1000), 1);
+    assert_eq!(always.pd.as_ref().and_then(|p| p.decisions.get("split")), Some(&4), "{always:?}");
+    // With no prefill replica nothing can split, whatever the thresholds.
+    let none = run(pd_spec(0, 0, 1000), 0);
+    assert_eq!(none.pd.as_ref().and_then(|p| p.decisions.get("no_prefill_replica")), Some(&4));
+    // On an idle fleet a split request's first token waits for its prefill leg and the transfer too.
+    assert!(always.ttft_p50_s > never.ttft_p50_s, "always {always:?} never {never:?}");
+}
