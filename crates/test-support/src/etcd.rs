@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use fleet_etcd::{EtcdClient, EtcdConfig};
 use tokio::process::Command;
 
@@ -108,6 +108,9 @@ impl EtcdTls {
     }
 }
 
+/// What etcd logs when a port it was told to listen on is taken.
+const PORT_TAKEN: &str = "address already in use";
+
 /// One etcd member on loopback, stopped when dropped.
 pub struct EtcdServer {
     process: Option<ChildProcess>,
@@ -120,25 +123,42 @@ pub struct EtcdServer {
 impl EtcdServer {
     /// Starts etcd on free ports with a fresh data folder and waits until it answers.
     pub async fn start() -> Result<Self> {
-        let mut server = Self {
+        let server = Self {
             process: None,
             client_port: free_port()?,
             peer_port: free_port()?,
             dir: tempfile::tempdir()?,
             tls: None,
         };
-        server.restart().await?;
-        Ok(server)
+        server.start_on_free_ports().await
     }
 
     /// Starts etcd serving https that trusts only client certificates signed by its test CA.
     pub async fn start_tls() -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let tls = EtcdTls::make(dir.path()).await?;
-        let mut server =
+        let server =
             Self { process: None, client_port: free_port()?, peer_port: free_port()?, dir, tls: Some(tls) };
-        server.restart().await?;
-        Ok(server)
+        server.start_on_free_ports().await
+    }
+
+    /// Starts it, on other free ports with a clean data folder when a port it was given was taken between
+    /// picking and binding it (another test bound it first).
+    async fn start_on_free_ports(mut self) -> Result<Self> {
+        const ATTEMPTS: usize = 5;
+        for attempt in 1..=ATTEMPTS {
+            match self.restart().await {
+                Ok(()) => return Ok(self),
+                Err(_) if attempt < ATTEMPTS && self.log().contains(PORT_TAKEN) => {
+                    self.kill();
+                    self.client_port = free_port()?;
+                    self.peer_port = free_port()?;
+                    let _ = std::fs::remove_dir_all(self.data_dir());
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        unreachable!("the last attempt returns")
     }
 
     /// Its TLS files, when it serves https.
@@ -209,10 +229,15 @@ impl EtcdServer {
         self.process = Some(ChildProcess::spawn(&mut command).context("cannot start etcd")?);
         let url = self.url();
         let tls = self.tls.clone();
+        let log_path = self.dir.path().join("etcd.log");
         eventually("etcd to answer", Duration::from_secs(30), || {
-            let (url, tls) = (url.clone(), tls.clone());
+            let (url, tls, log_path) = (url.clone(), tls.clone(), log_path.clone());
             // etcdctl, a client of etcd's own, so the probe needs no TLS in this crate's build.
             async move {
+                // A port taken under it: etcd has exited, no need to wait out the deadline.
+                if std::fs::read_to_string(&log_path).is_ok_and(|log| log.contains(PORT_TAKEN)) {
+                    return Ok(Some(false));
+                }
                 let mut etcdctl = Command::new("etcdctl");
                 etcdctl.env("ETCDCTL_API", "3").args([
                     "--endpoints",
@@ -233,12 +258,14 @@ impl EtcdServer {
                 }
                 let output =
                     etcdctl.output().await.context("cannot run etcdctl; run `cargo xtask setup --test`")?;
-                Ok(output.status.success().then_some(()))
+                Ok(output.status.success().then_some(true))
             }
         })
         .await
-        .with_context(|| format!("etcd's log: {}", self.log()))?;
-        Ok(())
+        .with_context(|| format!("etcd's log: {}", self.log()))
+        .and_then(|answered| {
+            if answered { Ok(()) } else { bail!("etcd could not bind its ports; etcd's log: {}", self.log()) }
+        })
     }
 
     /// etcd's own log so far (for failure messages).

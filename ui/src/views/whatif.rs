@@ -83,6 +83,7 @@ pub fn WhatIfView() -> impl IntoView {
         text.track();
         window_s.track();
         profile.track();
+        prefill_replicas.track();
         if first.is_none() {
             run();
             return;

@@ -78,6 +78,9 @@ pub(super) struct PdSide {
     params: PdParams,
     lease_us: Micros,
     block_tokens: u32,
+    /// Engine blocks per replica and tokens per engine block: a decode leg must fit its whole request.
+    capacity_blocks: u32,
+    engine_block_tokens: u32,
     /// Split requests whose prefill leg is running, by id.
     legs: HashMap<u64, Leg>,
     /// Finished prefill legs waiting to join their decode replica: (when, id).
@@ -113,6 +116,8 @@ impl PdSide {
             params,
             lease_us: pd.lease_us,
             block_tokens,
+            capacity_blocks: engine_config.num_gpu_blocks,
+            engine_block_tokens: engine_config.block_tokens.max(1),
             legs: HashMap::new(),
             ready: BinaryHeap::new(),
             decisions: BTreeMap::new(),
@@ -146,7 +151,7 @@ impl PdSide {
             let mut request = EngineRequest::new(id, leg.prompt, leg.output_tokens);
             // vLLM's NIXL pull reuses what the decode replica already caches and pulls the rest.
             request.remote = Some(RemoteKv { use_local_cache: true, fail: false });
-            // It fits: the decode replicas have the prefill replicas' capacity, which held the prompt.
+            // It fits: `try_split` checked the whole request against a replica's capacity.
             let _ = decode[leg.decode as usize].add_request(request, at, &mut |event| {
                 decode_event(policy, outcomes, pulled, leg.decode, event)
             });
@@ -177,6 +182,13 @@ impl PdSide {
         now: Micros,
         outcomes: &mut [Outcome],
     ) -> bool {
+        // A request that cannot fit a decode replica whole is not split: served locally, the replay names it
+        // as too large, as a plain replay does, rather than dropping it after its prefill leg.
+        let needed = (u64::from(view.prompt_tokens) + u64::from(output_tokens.max(1)))
+            .div_ceil(u64::from(self.engine_block_tokens));
+        if needed > u64::from(self.capacity_blocks) {
+            return false;
+        }
         let now_ms = now / 1000;
         let matched = decision.chosen().and_then(|chosen| chosen.matched_blocks).unwrap_or(0);
         let cached_at_decode = matched.saturating_mul(self.block_tokens).min(view.prompt_tokens);

@@ -354,3 +354,14 @@ fn pd_thresholds_decide_how_much_is_split_and_a_split_costs_the_transfer() {
     // On an idle fleet a split request's first token waits for its prefill leg and the transfer too.
     assert!(always.ttft_p50_s > never.ttft_p50_s, "always {always:?} never {never:?}");
 }
+
+#[test]
+fn a_request_too_large_for_a_decode_replica_is_named_not_dropped_after_its_prefill_leg() {
+    // 12 blocks of 512 tokens per replica: the prompt (4 blocks) fits with one output token, not with 6000.
+    let trace =
+        Trace::from_records(vec![TraceRecord::mooncake(0, 2048, 6000, vec![1, 2, 3, 4])]).expect("valid");
+    let prepared = replay::prepare(&trace, None, 1.0).expect("prepared");
+    let config = ReplayConfig { capacity_blocks: Some(12), ..pd_config(pd_spec(0, 0, 1000), 1) };
+    let err = replay::replay(&prepared, &config, ReplayControl::default()).expect_err("too large");
+    assert!(matches!(err, ReplayError::TooLarge { index: 0, .. }), "{err}");
+}
