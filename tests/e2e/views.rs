@@ -515,22 +515,10 @@ async fn the_first_window_adds_a_replica_or_starts_the_demo() -> Result<()> {
 /// divided into the prefill leg, the KV transfer (timed by the decode engine) and the first decode token.
 #[tokio::test]
 async fn chromium_shows_a_pd_fleet_its_roles_decisions_and_ttft_legs() -> Result<()> {
-    use fleet_sim::pd::{PdConfig, Role};
     const TOKEN: &str = "pd-view-e2e-token";
-    let role = |role| ModelConfig { pd: PdConfig { role, ..PdConfig::default() }, ..ModelConfig::default() };
-    let (prefill, decode) =
-        (spawn_sim(1, role(Role::Prefill)).await?, spawn_sim(1, role(Role::Decode)).await?);
-    let model = fleet_sim::DEFAULT_MODEL;
-    let router = fleet_test_support::admin_router::spawn_router_with(fleet_router::RouterConfig {
-        replicas: vec![
-            format!("{},model={model},role=prefill", prefill.urls()[0]),
-            format!("{},model={model},role=decode", decode.urls()[0]),
-        ],
-        admin_token: Some(TOKEN.into()),
-        policy: "policy: cache_aware_approx\n".parse()?,
-        ..Default::default()
-    })
-    .await?;
+    let fleet = fleet_test_support::admin_router::spawn_pd_fleet(TOKEN).await?;
+    let (router, model) = (&fleet.router, fleet_sim::DEFAULT_MODEL);
+    let replicas = fleet.replica_urls();
     let dir = tempfile::tempdir()?;
     let token_file = dir.path().join("router.token");
     fleet_store::secrets::write_token_file(&token_file, TOKEN)?;
@@ -538,9 +526,9 @@ async fn chromium_shows_a_pd_fleet_its_roles_decisions_and_ttft_legs() -> Result
     let router_url = router.url();
     let args = [
         "--replica",
-        &prefill.urls()[0],
+        &replicas[0],
         "--replica",
-        &decode.urls()[0],
+        &replicas[1],
         "--router",
         &router_url,
         "--router-token-file",

@@ -24,7 +24,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::peers::{self, Row, Workload, cell, json};
-use crate::procs::{Guard, free_port};
+use crate::procs::{Guard, free_port, start_fleet_router};
 use crate::{Result, cargo, run, target_dir};
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -236,8 +236,6 @@ fn run_live(bin: &Path, dir: &Path, setup: &Setup, workload: &Workload) -> Resul
 fn start_router(bin: &Path, dir: &Path, setup: &Setup, replicas: &[String]) -> Result<(Guard, String, u16)> {
     let port = free_port()?;
     let mut args = vec![
-        "--listen".to_owned(),
-        format!("127.0.0.1:{port}"),
         "--policy-file".to_owned(),
         dir.join(format!("{}.json", setup.key)).to_string_lossy().into_owned(),
         "--record".to_owned(),
@@ -246,23 +244,7 @@ fn start_router(bin: &Path, dir: &Path, setup: &Setup, replicas: &[String]) -> R
     for replica in replicas {
         args.extend(["--replica".to_owned(), replica.clone()]);
     }
-    let log_path = dir.join(format!("router-{}.log", setup.key));
-    let log = fs::File::create(&log_path).map_err(|e| e.to_string())?;
-    let log_err = log.try_clone().map_err(|e| e.to_string())?;
-    let child = Command::new(bin.join("fleet-router"))
-        .args(&args)
-        .stdout(log)
-        .stderr(Stdio::from(log_err))
-        .spawn()
-        .map_err(|e| format!("cannot start fleet-router: {e}"))?;
-    let guard = Guard(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while peers::http_status(port, "/v1/models") != Some(200) {
-        if Instant::now() > deadline {
-            return Err(format!("fleet-router did not answer within 60 s; see {}", log_path.display()));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let guard = start_fleet_router(bin, port, &args, &dir.join(format!("router-{}.log", setup.key)))?;
     Ok((guard, format!("http://127.0.0.1:{port}"), port))
 }
 

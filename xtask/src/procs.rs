@@ -135,6 +135,29 @@ pub(crate) fn start_and_wait(program: &Path, args: &[String], marker: &str) -> R
     Ok(guard)
 }
 
+/// Starts `bin/fleet-router` listening on loopback `port` with `args` after `--listen`, its output in
+/// `log_path`; waits (60 s at most) until it answers `GET /v1/models`.
+pub(crate) fn start_fleet_router(bin: &Path, port: u16, args: &[String], log_path: &Path) -> Result<Guard> {
+    let log = fs::File::create(log_path).map_err(|e| e.to_string())?;
+    let log_err = log.try_clone().map_err(|e| e.to_string())?;
+    let child = Command::new(bin.join("fleet-router"))
+        .args(["--listen".to_owned(), format!("127.0.0.1:{port}")])
+        .args(args)
+        .stdout(log)
+        .stderr(Stdio::from(log_err))
+        .spawn()
+        .map_err(|e| format!("cannot start fleet-router: {e}"))?;
+    let guard = Guard(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while crate::peers::http_status(port, "/v1/models") != Some(200) {
+        if Instant::now() > deadline {
+            return Err(format!("fleet-router did not answer within 60 s; see {}", log_path.display()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(guard)
+}
+
 pub(crate) fn wait_for_port(port: u16, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {

@@ -24,7 +24,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::peers::{self, Fleet, REPLICAS, Row, Workload, cell};
-use crate::procs::{Guard, free_port};
+use crate::procs::{Guard, free_port, start_fleet_router};
 use crate::{Result, cargo, root, run, target_dir};
 
 const POLICIES: [&str; 5] =
@@ -119,36 +119,13 @@ fn start_router(
     let port = free_port()?;
     let policy_file = dir.join(format!("{policy}.json"));
     fs::write(&policy_file, format!(r#"{{"policy": "{policy}"}}"#)).map_err(|e| e.to_string())?;
-    let mut args = vec![
-        "--listen".to_owned(),
-        format!("127.0.0.1:{port}"),
-        "--policy-file".to_owned(),
-        policy_file.to_string_lossy().into(),
-    ];
+    let mut args = vec!["--policy-file".to_owned(), policy_file.to_string_lossy().into()];
     for (url, (kv, replay)) in fleet.urls.iter().zip(&fleet.kv) {
         args.push("--replica".to_owned());
         args.push(format!("{url},kv={kv},kv_replay={replay}"));
     }
-    let log_path = dir.join(format!("router-{index}.log"));
-    let log = fs::File::create(&log_path).map_err(|e| e.to_string())?;
-    let log_err = log.try_clone().map_err(|e| e.to_string())?;
-    let child = Command::new(bin.join("fleet-router"))
-        .args(&args)
-        .stdout(log)
-        .stderr(Stdio::from(log_err))
-        .spawn()
-        .map_err(|e| format!("cannot start fleet-router: {e}"))?;
-    let guard = Guard(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while peers::http_status(port, "/v1/models") != Some(200) {
-        if Instant::now() > deadline {
-            return Err(format!(
-                "fleet-router {index} did not answer within 60 s; see {}",
-                log_path.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let guard = start_fleet_router(bin, port, &args, &dir.join(format!("router-{index}.log")))
+        .map_err(|e| format!("fleet-router {index}: {e}"))?;
     Ok((guard, format!("http://127.0.0.1:{port}")))
 }
 

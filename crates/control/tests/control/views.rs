@@ -324,27 +324,10 @@ async fn the_heat_map_shows_which_routers_disagree_on_where_a_prefix_lives() -> 
 /// request's time to first token into the prefill leg, the engine-timed KV transfer and the first decode token.
 #[tokio::test]
 async fn the_pd_view_counts_decisions_by_reason_and_splits_ttft_into_its_legs() -> Result<()> {
-    use fleet_sim::pd::{PdConfig, Role};
-    let role = |role| fleet_sim::ModelConfig {
-        pd: PdConfig { role, ..PdConfig::default() },
-        ..fleet_sim::ModelConfig::default()
-    };
-    let (prefill, decode) =
-        (spawn_sim(1, role(Role::Prefill)).await?, spawn_sim(1, role(Role::Decode)).await?);
-    let model = fleet_sim::DEFAULT_MODEL;
-    let router = spawn_router_with(RouterConfig {
-        replicas: vec![
-            format!("{},model={model},role=prefill", prefill.urls()[0]),
-            format!("{},model={model},role=decode", decode.urls()[0]),
-        ],
-        admin_token: Some(TOKEN.into()),
-        policy: "policy: cache_aware_approx\n".parse()?,
-        ..Default::default()
-    })
-    .await?;
+    let fleet = fleet_test_support::admin_router::spawn_pd_fleet(TOKEN).await?;
+    let (router, model) = (&fleet.router, fleet_sim::DEFAULT_MODEL);
     let dir = tempfile::tempdir()?;
-    let replicas = vec![prefill.urls()[0].clone(), decode.urls()[0].clone()];
-    let mut config = ControlConfig::new(replicas, dir.path().join("history.sqlite"));
+    let mut config = ControlConfig::new(fleet.replica_urls(), dir.path().join("history.sqlite"));
     config.scrape_interval = Duration::from_millis(500);
     config.routers = vec![RouterTarget {
         url: router.url(),

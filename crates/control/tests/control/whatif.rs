@@ -164,27 +164,10 @@ async fn every_page_of_a_routers_window_is_read_up_to_the_limit() -> Result<()> 
 /// on request (a split that leaves nothing to decode is refused with the fix).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pd_fleet_is_replayed_with_its_prefill_pool_under_other_thresholds_and_splits() -> Result<()> {
-    use fleet_sim::pd::{PdConfig, Role};
-    let role = |role| fleet_sim::ModelConfig {
-        pd: PdConfig { role, ..PdConfig::default() },
-        ..fleet_sim::ModelConfig::default()
-    };
-    let (prefill, decode) =
-        (spawn_sim(1, role(Role::Prefill)).await?, spawn_sim(1, role(Role::Decode)).await?);
-    let model = fleet_sim::DEFAULT_MODEL;
-    let router = spawn_router_with(RouterConfig {
-        replicas: vec![
-            format!("{},model={model},role=prefill", prefill.urls()[0]),
-            format!("{},model={model},role=decode", decode.urls()[0]),
-        ],
-        admin_token: Some(TOKEN.into()),
-        policy: "policy: cache_aware_approx".parse()?,
-        ..Default::default()
-    })
-    .await?;
+    let fleet = fleet_test_support::admin_router::spawn_pd_fleet(TOKEN).await?;
+    let (router, model) = (&fleet.router, fleet_sim::DEFAULT_MODEL);
     let dir = tempfile::tempdir()?;
-    let replicas = vec![prefill.urls()[0].clone(), decode.urls()[0].clone()];
-    let mut config = ControlConfig::new(replicas, dir.path().join("history.db"));
+    let mut config = ControlConfig::new(fleet.replica_urls(), dir.path().join("history.db"));
     config.routers =
         vec![RouterTarget { url: router.url(), token: Some(TOKEN.into()), ..RouterTarget::default() }];
     let stop = CancellationToken::new();
