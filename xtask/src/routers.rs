@@ -20,8 +20,8 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Instant;
 
 use crate::peers::{self, Fleet, REPLICAS, Row, Workload, cell};
 use crate::procs::{Guard, free_port, start_fleet_router};
