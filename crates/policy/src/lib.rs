@@ -28,7 +28,8 @@ pub use engine::{Engine, ReplicaMetrics, ReplicaStatus};
 pub use hashing::{BLOCK_HASH_SEED, block_hashes_from_text, block_hashes_from_tokens, chain_block_ids};
 pub use kv_event::{EngineHashTranslator, KvEvent, Medium};
 pub use pd::{
-    PdDecision, PdInputs, PdParams, PdReason, Role, UnknownRole, decide_pd, pd_param_docs, prefill_spec,
+    KvHandoff, PdDecision, PdInputs, PdParams, PdReason, Role, UnknownRole, decide_pd, pd_param_docs,
+    prefill_spec,
 };
 pub use prefix_index::{InsertOutcome, Location, PrefixIndex};
 pub use replica::{ReplicaId, ReplicaNames};

@@ -73,6 +73,32 @@ pub struct PdParams {
     /// Serve locally when the least loaded healthy prefill replica has more than this many requests
     /// outstanding (the prefill pool is busy).
     pub max_prefill_queue: u32,
+    /// How the decode leg finds the prefill leg's KV.
+    pub kv_handoff: KvHandoff,
+}
+
+/// How the decode replica finds the KV the prefill leg computed: what the engines' KV connector needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvHandoff {
+    /// The prefill answer's `kv_transfer_params` ride on the decode leg, which pulls with them (vLLM's NIXL
+    /// and Mooncake connectors, which answer with the blocks' address).
+    #[default]
+    Params,
+    /// The decode replica's connector finds the KV by the prompt itself in a store both sides share (vLLM's
+    /// `ExampleConnector`, LMCache with a shared backend): the prefill answer carries no parameters and the
+    /// decode leg is the client's request as it came.
+    Prompt,
+}
+
+impl KvHandoff {
+    /// Its name in the spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Params => "params",
+            Self::Prompt => "prompt",
+        }
+    }
 }
 
 /// Default of [`PdParams::min_uncached_tokens`].
@@ -88,6 +114,7 @@ impl Default for PdParams {
             min_uncached_tokens: DEFAULT_MIN_UNCACHED_TOKENS,
             min_prompt_tokens: DEFAULT_MIN_PROMPT_TOKENS,
             max_prefill_queue: DEFAULT_MAX_PREFILL_QUEUE,
+            kv_handoff: KvHandoff::Params,
         }
     }
 }
@@ -122,6 +149,15 @@ pub fn pd_param_docs() -> Vec<ParamDoc> {
             "P/D mode: serve locally when the least loaded healthy prefill replica has more than this many \
              requests outstanding (the prefill pool is busy).",
         ),
+        ParamDoc {
+            name: "kv_handoff",
+            kind: ParamKind::Choice { options: vec!["params", "prompt"] },
+            default: Value::from("params"),
+            meaning: "P/D mode: how the decode replica finds the prefill leg's KV. params: the prefill answer's \
+                      kv_transfer_params ride on the decode leg (vLLM's NIXL and Mooncake connectors). prompt: \
+                      the connector finds it by the prompt in a store both sides share (vLLM's ExampleConnector, \
+                      LMCache with a shared backend), so no parameters are needed.",
+        },
     ]
 }
 
@@ -147,6 +183,10 @@ impl PdParams {
             min_uncached_tokens: read("min_uncached_tokens", DEFAULT_MIN_UNCACHED_TOKENS),
             min_prompt_tokens: read("min_prompt_tokens", DEFAULT_MIN_PROMPT_TOKENS),
             max_prefill_queue: read("max_prefill_queue", DEFAULT_MAX_PREFILL_QUEUE),
+            kv_handoff: match section.get("kv_handoff").and_then(Value::as_str) {
+                Some("prompt") => KvHandoff::Prompt,
+                _ => KvHandoff::Params,
+            },
         })
     }
 }
@@ -322,6 +362,7 @@ mod tests {
             min_uncached_tokens: min_uncached,
             min_prompt_tokens: min_prompt,
             max_prefill_queue: max_queue,
+            kv_handoff: KvHandoff::Params,
         }
     }
 
@@ -366,11 +407,15 @@ mod tests {
         let section = json!({"min_uncached_tokens": 64, "max_prefill_queue": 0});
         let read = PdParams::from_section(section.as_object().unwrap()).unwrap();
         assert_eq!(read, params(64, DEFAULT_MIN_PROMPT_TOKENS, 0));
+        let prompt = PdParams::from_section(json!({"kv_handoff": "prompt"}).as_object().unwrap()).unwrap();
+        assert_eq!(prompt.kv_handoff, KvHandoff::Prompt);
+        assert_eq!(empty.kv_handoff.as_str(), "params");
         for (bad, needle) in [
             (json!({"min_uncached_token": 1}), "did you mean min_uncached_tokens"),
             (json!({"min_prompt_tokens": -1}), "pd.min_prompt_tokens = -1 is out of range"),
             (json!({"max_prefill_queue": "many"}), "pd.max_prefill_queue = \"many\" has the wrong type"),
             (json!({"min_uncached_tokens": 1.5}), "pd.min_uncached_tokens = 1.5 has the wrong type"),
+            (json!({"kv_handoff": "nixl"}), "pd.kv_handoff = \"nixl\" is out of range"),
         ] {
             let error = PdParams::from_section(bad.as_object().unwrap()).unwrap_err().to_string();
             assert!(error.contains(needle), "{bad}: {error}");

@@ -10,13 +10,15 @@
 //! read timeout). Its `kv_transfer_params` are added to the client's request, which then goes to the decode
 //! replica as usual (streamed or not, retried before the first byte). A prefill leg that fails (connect
 //! error, 5xx, timeout, no `kv_transfer_params`) makes the request local: the decode replica prefills it.
+//! With `pd.kv_handoff: prompt` (a connector that finds the KV by the prompt in a shared store, as vLLM's
+//! `ExampleConnector` does) no parameters are expected, and the decode leg is the client's request as it came.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
-use fleet_policy::{Decision, PdInputs, PdReason, RequestView, decide_pd};
+use fleet_policy::{Decision, KvHandoff, PdInputs, PdReason, RequestView, decide_pd};
 use serde_json::{Value, json};
 
 use crate::proxy::{PD_HEADER, PREFILL_REPLICA_HEADER};
@@ -151,12 +153,17 @@ pub async fn prepare(
     };
     let started = Instant::now();
     replica.routed_total.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let outcome = prefill_leg(state, &replica, route, headers, body).await;
+    let outcome = prefill_leg(state, &replica, route, headers, body, params.kv_handoff).await;
     drop(ticket);
     let elapsed = started.elapsed();
     state.metrics.pd_prefill_leg.observe(elapsed);
     plan.record.prefill_ms = Some(elapsed.as_secs_f64() * 1e3);
-    match outcome.and_then(|params| decode_body(body, params)) {
+    let leg = outcome.and_then(|handoff| match handoff {
+        Some(transfer_params) => decode_body(body, transfer_params),
+        // The connector finds the KV by the prompt: the decode leg is the client's request as it came.
+        None => Ok(body.clone()),
+    });
+    match leg {
         Ok(leg) => {
             state.observe_health(&replica, true);
             plan.decode_body = Some(leg);
@@ -187,14 +194,16 @@ impl LegError {
     }
 }
 
-/// Sends the prefill leg and returns the `kv_transfer_params` of its answer.
+/// Sends the prefill leg and returns the `kv_transfer_params` of its answer, or `None` when the KV is handed
+/// off by the prompt ([`KvHandoff::Prompt`]), which needs none.
 async fn prefill_leg(
     state: &RouterState,
     replica: &Replica,
     route: Route,
     headers: &HeaderMap,
     body: &Bytes,
-) -> Result<Value, LegError> {
+    handoff: KvHandoff,
+) -> Result<Option<Value>, LegError> {
     let leg = prefill_body(body)?;
     let url = &replica.spec.url;
     let deadline = state.config.read_timeout;
@@ -227,11 +236,13 @@ async fn prefill_leg(
         let value: Value = serde_json::from_slice(&answer).map_err(|error| {
             LegError::answered(format!("{url} answered something other than JSON: {error}"))
         })?;
-        match value.get("kv_transfer_params") {
-            Some(params @ Value::Object(_)) => Ok(params.clone()),
-            _ => Err(LegError::answered(format!(
-                "{url} answered without kv_transfer_params (is it a vLLM replica with a KV connector, \
-                 started as a prefill instance?)"
+        match (value.get("kv_transfer_params"), handoff) {
+            (_, KvHandoff::Prompt) => Ok(None),
+            (Some(params @ Value::Object(_)), KvHandoff::Params) => Ok(Some(params.clone())),
+            (_, KvHandoff::Params) => Err(LegError::answered(format!(
+                "{url} answered without kv_transfer_params (is it a vLLM replica with a KV connector, started \
+                 as a prefill instance? A connector that finds the KV by the prompt, such as vLLM's \
+                 ExampleConnector, needs the policy's pd.kv_handoff: prompt)"
             ))),
         }
     };

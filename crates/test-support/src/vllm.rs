@@ -64,7 +64,7 @@ fn build_in(dir: &Path) -> Option<VllmBuild> {
 }
 
 /// How a test's servers are sized: small, so two run beside each other on two cores.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct VllmOptions {
     /// `--max-model-len`.
     pub max_model_len: u32,
@@ -74,11 +74,24 @@ pub struct VllmOptions {
     pub kv_cache_gib: u32,
     /// `--max-num-seqs`.
     pub max_num_seqs: u32,
+    /// A KV connector (`--kv-transfer-config`), for disaggregated prefill/decode.
+    pub kv_connector: Option<KvConnector>,
+}
+
+/// vLLM's `ExampleConnector`: KV saved to, and loaded from, files under a folder both servers share, found by
+/// the prompt's tokens. The one connector of vLLM 0.32 that runs on its CPU build (NIXL needs UCX and a
+/// `nixl` build; Mooncake, LMCache and the others need their own services or a GPU).
+#[derive(Debug, Clone)]
+pub struct KvConnector {
+    /// `kv_producer` (a prefill server), `kv_consumer` (a decode server) or `kv_both`.
+    pub role: &'static str,
+    /// The shared folder (`shared_storage_path`).
+    pub path: std::path::PathBuf,
 }
 
 impl Default for VllmOptions {
     fn default() -> Self {
-        Self { max_model_len: 4096, kv_blocks: None, kv_cache_gib: 1, max_num_seqs: 8 }
+        Self { max_model_len: 4096, kv_blocks: None, kv_cache_gib: 1, max_num_seqs: 8, kv_connector: None }
     }
 }
 
@@ -115,7 +128,7 @@ impl VllmServer {
         self.kill();
         let _ = tokio::time::timeout(Duration::from_secs(30), self.process.child.wait()).await;
         // The ports are free once the group is gone; the new server binds the same ones.
-        let (process, log) = start(self.port, self.kv_port, self.options).await?;
+        let (process, log) = start(self.port, self.kv_port, self.options.clone()).await?;
         self.process = process;
         self.log = log;
         Ok(())
@@ -141,7 +154,7 @@ fn free_port() -> Result<u16> {
 /// Starts a vLLM server on free loopback ports (HTTP and KV events) and waits until `/health` answers.
 pub async fn spawn_vllm_server(options: VllmOptions) -> Result<VllmServer> {
     let (port, kv_port) = (free_port()?, free_port()?);
-    let (process, log) = start(port, kv_port, options).await?;
+    let (process, log) = start(port, kv_port, options.clone()).await?;
     Ok(VllmServer {
         process,
         url: format!("http://127.0.0.1:{port}"),
@@ -157,7 +170,7 @@ pub async fn spawn_vllm_server(options: VllmOptions) -> Result<VllmServer> {
 pub async fn spawn_vllm_servers(n: usize, options: VllmOptions) -> Result<Vec<VllmServer>> {
     let mut servers = Vec::with_capacity(n);
     for _ in 0..n {
-        servers.push(spawn_vllm_server(options).await?);
+        servers.push(spawn_vllm_server(options.clone()).await?);
     }
     Ok(servers)
 }
@@ -193,6 +206,14 @@ async fn start(
         .stderr(log.reopen()?);
     if let Some(blocks) = options.kv_blocks {
         command.args(["--num-gpu-blocks-override", &blocks.to_string()]);
+    }
+    if let Some(connector) = &options.kv_connector {
+        let config = serde_json::json!({
+            "kv_connector": "ExampleConnector",
+            "kv_role": connector.role,
+            "kv_connector_extra_config": {"shared_storage_path": connector.path},
+        });
+        command.args(["--kv-transfer-config", &config.to_string()]);
     }
     let mut process = ChildProcess::spawn(&mut command)
         .with_context(|| format!("cannot start vLLM with {}", build.python.display()))?;

@@ -2,7 +2,8 @@
 //! publish their KV events over ZMQ; the router renders chats with the model's own chat template, tokenises
 //! with its tokenizer, and its index's predicted cached tokens are checked against the `cached_tokens` vLLM
 //! reports for every request: chat and completions, after evictions from a small KV cache, and after a
-//! restart. At most two servers run at once (the tests take turns).
+//! restart. At most two servers run at once (the tests take turns). And P/D on real vLLM, through the one
+//! KV connector its CPU build runs.
 
 use std::time::Duration;
 
@@ -10,7 +11,8 @@ use anyhow::{Context, Result};
 use fleet_router::RouterConfig;
 use fleet_test_support::eventually;
 use fleet_test_support::vllm::{
-    VLLM_BLOCK_SIZE, VLLM_MODEL, VllmOptions, VllmServer, spawn_vllm_server, spawn_vllm_servers, vllm_build,
+    KvConnector, VLLM_BLOCK_SIZE, VLLM_MODEL, VllmOptions, VllmServer, spawn_vllm_server, spawn_vllm_servers,
+    vllm_build,
 };
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -226,5 +228,90 @@ async fn kv_precise_stays_accurate_through_vllm_evictions_and_a_restart() -> Res
     // The first request after the restart may find a pooled connection to the old process and be retried.
     let delta = (after.0 - before.0, after.1 - before.1);
     check("after a restart", delta, restarted_sent, 1, &misses(&router).await?);
+    Ok(())
+}
+
+/// The decode server's prompt tokens that came over its KV connector, from its own `/metrics`.
+async fn external_kv_tokens(server: &VllmServer) -> Result<f64> {
+    let text = http().get(format!("{}/metrics", server.url)).send().await?.text().await?;
+    Ok(text
+        .lines()
+        .filter(|l| {
+            l.starts_with("vllm:prompt_tokens_by_source_total{") && l.contains("external_kv_transfer")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// P/D on real vLLM (issue 36, item 5): a prefill server and a decode server whose KV connector is vLLM's
+/// `ExampleConnector` (a store both share, found by the prompt: the one connector vLLM 0.32 runs on its CPU
+/// build), behind fleet-router in P/D mode with `pd.kv_handoff: prompt`. A long prompt is split: the prefill
+/// server computes it, the decode server loads all but its last block from the store and computes the rest.
+/// With the default handoff (`params`) the same answer carries no `kv_transfer_params`, and the router prefills
+/// locally, saying which setting fits.
+#[tokio::test]
+async fn pd_on_vllm_hands_the_kv_over_by_the_prompt_through_the_example_connector() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let store = tempfile::tempdir()?;
+    let connector = |role| VllmOptions {
+        kv_connector: Some(KvConnector { role, path: store.path().to_owned() }),
+        ..VllmOptions::default()
+    };
+    let prefill = spawn_vllm_server(connector("kv_producer")).await?;
+    let decode = spawn_vllm_server(connector("kv_consumer")).await?;
+    let pd_router = |handoff: &'static str| {
+        let replicas = vec![
+            format!("{},model={VLLM_MODEL},role=prefill", prefill.url),
+            format!("{},model={VLLM_MODEL},role=decode", decode.url),
+        ];
+        let spec = format!(
+            r#"{{"policy": "cache_aware_approx",
+                "pd": {{"min_prompt_tokens": 0, "min_uncached_tokens": 0, "kv_handoff": "{handoff}"}}}}"#
+        );
+        async move {
+            router(RouterConfig {
+                replicas,
+                policy: spec.parse()?,
+                admin_token: Some(TOKEN.into()),
+                ..RouterConfig::default()
+            })
+            .await
+        }
+    };
+    let complete = |router: &TestRouter, topic: &str| {
+        let prompt: Vec<String> =
+            (0..60).map(|i| format!("the {topic} document says item {i} is blue;")).collect();
+        let body = json!({"model": VLLM_MODEL, "prompt": prompt.join(" "), "max_tokens": 8});
+        let request = http().post(format!("{}/v1/completions", router.url)).json(&body);
+        async move {
+            let response = request.send().await?.error_for_status()?;
+            let header = |name| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let (pd, id) = (header("x-fleet-pd"), header("x-fleet-request-id"));
+            let answer: Value = response.json().await?;
+            anyhow::Ok((pd, id, answer))
+        }
+    };
+
+    let by_prompt = pd_router("prompt").await?;
+    let before = external_kv_tokens(&decode).await?;
+    let (pd, _, answer) = complete(&by_prompt, "shared").await?;
+    assert_eq!(pd.as_deref(), Some("split"), "{answer}");
+    let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64().context("prompt tokens")?;
+    let cached =
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().context("cached tokens")?;
+    // All but the prompt's last (partial) block came from the prefill server's store.
+    assert!(cached + u64::from(VLLM_BLOCK_SIZE) > prompt_tokens && cached > 0, "{answer}");
+    let loaded = external_kv_tokens(&decode).await? - before;
+    assert_eq!(loaded, cached as f64, "the decode server loaded them over its connector");
+    assert_eq!(answer["usage"]["completion_tokens"], 8);
+
+    // The default handoff wants kv_transfer_params, which this connector does not give: local, said why.
+    let by_params = pd_router("params").await?;
+    let (pd, id, answer) = complete(&by_params, "other").await?;
+    assert_eq!(pd.as_deref(), Some("transfer_failed"), "{answer}");
+    let id = id.context("a request id")?;
+    let decisions = by_params.admin_get(&http(), &format!("/admin/decisions?request_id={id}")).await?;
+    let fallback = decisions[0]["pd"]["fallback"].as_str().unwrap_or_default().to_owned();
+    assert!(fallback.contains("pd.kv_handoff: prompt"), "{decisions}");
     Ok(())
 }
