@@ -20,6 +20,30 @@ use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "views-test-token";
 
+/// The app watching `replicas` and reading `routers` with the test's token, its history in `dir`, set up
+/// further by `tune`; it stops when the guard drops.
+async fn app_over(
+    replicas: Vec<String>,
+    routers: &[String],
+    dir: &std::path::Path,
+    tune: impl FnOnce(&mut ControlConfig),
+) -> Result<(Control, tokio_util::sync::DropGuard)> {
+    let mut config = ControlConfig::new(replicas, dir.join("history.sqlite"));
+    config.routers = routers
+        .iter()
+        .map(|url| RouterTarget {
+            url: url.clone(),
+            token: Some(TOKEN.into()),
+            token_file: None,
+            metrics_url: None,
+        })
+        .collect();
+    tune(&mut config);
+    let stop = CancellationToken::new();
+    let guard = stop.clone().drop_guard();
+    Ok((Control::start(config, stop).await?, guard))
+}
+
 async fn send(client: &reqwest::Client, router: &str, prompt: &str) -> Result<()> {
     client
         .post(format!("{router}/v1/completions"))
@@ -41,16 +65,7 @@ async fn heat_decisions_headroom_and_history_come_from_the_live_router() -> Resu
     })
     .await?;
     let dir = tempfile::tempdir()?;
-    let mut config = ControlConfig::new(sim.urls().to_vec(), dir.path().join("history.sqlite"));
-    config.routers = vec![RouterTarget {
-        url: router.url(),
-        token: Some(TOKEN.into()),
-        token_file: None,
-        metrics_url: None,
-    }];
-    let stop = CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    let control = Control::start(config, stop).await?;
+    let (control, _stop) = app_over(sim.urls().to_vec(), &[router.url()], dir.path(), |_| {}).await?;
 
     // One tenant dominates: 30 requests sharing a long prefix, 6 of another.
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?;
@@ -277,19 +292,8 @@ async fn the_heat_map_shows_which_routers_disagree_on_where_a_prefix_lives() -> 
     };
     let routers = [over(0).await?, over(0).await?, over(1).await?];
     let dir = tempfile::tempdir()?;
-    let mut config = ControlConfig::new(sim.urls().to_vec(), dir.path().join("history.sqlite"));
-    config.routers = routers
-        .iter()
-        .map(|r| RouterTarget {
-            url: r.url(),
-            token: Some(TOKEN.into()),
-            token_file: None,
-            metrics_url: None,
-        })
-        .collect();
-    let stop = CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    let control = Control::start(config, stop).await?;
+    let urls: Vec<String> = routers.iter().map(|r| r.url()).collect();
+    let (control, _stop) = app_over(sim.urls().to_vec(), &urls, dir.path(), |_| {}).await?;
 
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?;
     let everywhere = "Tenant nine's long system prompt, routed by every router. ".repeat(8);
@@ -327,17 +331,8 @@ async fn the_pd_view_counts_decisions_by_reason_and_splits_ttft_into_its_legs() 
     let fleet = fleet_test_support::admin_router::spawn_pd_fleet(TOKEN).await?;
     let (router, model) = (&fleet.router, fleet_sim::DEFAULT_MODEL);
     let dir = tempfile::tempdir()?;
-    let mut config = ControlConfig::new(fleet.replica_urls(), dir.path().join("history.sqlite"));
-    config.scrape_interval = Duration::from_millis(500);
-    config.routers = vec![RouterTarget {
-        url: router.url(),
-        token: Some(TOKEN.into()),
-        token_file: None,
-        metrics_url: None,
-    }];
-    let stop = CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    let control = Control::start(config, stop).await?;
+    let fast_scrapes = |config: &mut ControlConfig| config.scrape_interval = Duration::from_millis(500);
+    let (control, _stop) = app_over(fleet.replica_urls(), &[router.url()], dir.path(), fast_scrapes).await?;
 
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build()?;
     let complete = |prompt: String| {
