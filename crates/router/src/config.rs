@@ -1,4 +1,4 @@
-//! The router's configuration: replica specs (`URL[,model=NAME][,kv=tcp://HOST:PORT][,role=ROLE]`), timeouts, health,
+//! The router's configuration: replica specs (`URL[,model=NAME][,kv=tcp://HOST:PORT][,role=ROLE][,bootstrap=PORT]`), timeouts, health,
 //! recording and admin settings, each with a `Default`, parsed with `FromStr` and checked by `validate()`.
 
 use std::fmt;
@@ -27,9 +27,11 @@ impl ConfigError {
 
 /// One replica as given on the command line or to `POST /admin/replicas`.
 ///
-/// Syntax: `URL[,model=NAME][,kv=tcp://HOST:PORT][,kv_replay=tcp://HOST:PORT][,role=prefill|decode|both]`.
+/// Syntax: `URL[,model=NAME][,kv=tcp://HOST:PORT][,kv_replay=tcp://HOST:PORT][,role=prefill|decode|both][,bootstrap=PORT]`.
 /// `role=` (default `both`) is the replica's part in prefill/decode disaggregation: a model group with
-/// `prefill` replicas runs in P/D mode (see the crate README). Without `model=` the router
+/// `prefill` replicas runs in P/D mode (see the crate README). `bootstrap=` marks an SGLang prefill server and
+/// gives its `--disaggregation-bootstrap-port`: splits onto it run SGLang's flow (both legs at once, with
+/// `bootstrap_host/port/room`) instead of vLLM's (prefill leg first). Without `model=` the router
 /// asks the replica's `/v1/models` once when it is added; without `kv=` the replica's KV events come from
 /// [`RouterConfig::kv_events_port_offset`] when set, else the replica sends none.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +46,9 @@ pub struct ReplicaSpec {
     pub kv_replay: Option<String>,
     /// Its part in prefill/decode disaggregation.
     pub role: Role,
+    /// An SGLang prefill server's bootstrap port (`--disaggregation-bootstrap-port`): P/D splits onto it
+    /// run SGLang's flow. Only with `role=prefill`.
+    pub bootstrap_port: Option<u16>,
 }
 
 impl ReplicaSpec {
@@ -55,6 +60,7 @@ impl ReplicaSpec {
             kv_events: None,
             kv_replay: None,
             role: Role::Both,
+            bootstrap_port: None,
         }
     }
 
@@ -87,7 +93,7 @@ impl FromStr for ReplicaSpec {
                 return Err(ConfigError::new(
                     "replica",
                     format!(
-                        "{part:?} in {text:?} is not KEY=VALUE; use model=NAME, kv=tcp://HOST:PORT, kv_replay=tcp://HOST:PORT or role=prefill|decode|both"
+                        "{part:?} in {text:?} is not KEY=VALUE; use model=NAME, kv=tcp://HOST:PORT, kv_replay=tcp://HOST:PORT, role=prefill|decode|both or bootstrap=PORT"
                     ),
                 ));
             };
@@ -109,15 +115,37 @@ impl FromStr for ReplicaSpec {
                         )
                     })?
                 }
+                "bootstrap" => {
+                    spec.bootstrap_port = Some(value.parse().ok().filter(|port| *port > 0).ok_or_else(|| {
+                        ConfigError::new(
+                            "replica",
+                            format!(
+                                "bootstrap={value:?} is not a port; give the SGLang prefill server's \
+                                 --disaggregation-bootstrap-port, e.g. bootstrap=8998"
+                            ),
+                        )
+                    })?)
+                }
                 other => {
                     return Err(ConfigError::new(
                         "replica",
                         format!(
-                            "unknown replica option {other:?} in {text:?}; allowed: model, kv, kv_replay, role"
+                            "unknown replica option {other:?} in {text:?}; allowed: model, kv, kv_replay, role, bootstrap"
                         ),
                     ));
                 }
             }
+        }
+        if spec.bootstrap_port.is_some() && spec.role != Role::Prefill {
+            return Err(ConfigError::new(
+                "replica",
+                format!(
+                    "bootstrap= in {text:?} marks an SGLang prefill server, but the replica's role is {}; add \
+                     role=prefill, or drop bootstrap= (decode servers find the prefill server by the request's \
+                     bootstrap fields)",
+                    spec.role.as_str()
+                ),
+            ));
         }
         Ok(spec)
     }
@@ -137,6 +165,9 @@ impl fmt::Display for ReplicaSpec {
         }
         if self.role != Role::Both {
             write!(f, ",role={}", self.role.as_str())?;
+        }
+        if let Some(port) = self.bootstrap_port {
+            write!(f, ",bootstrap={port}")?;
         }
         Ok(())
     }
@@ -535,6 +566,22 @@ mod tests {
         }
         let error = "http://a:1,role=prefil".parse::<ReplicaSpec>().unwrap_err();
         assert!(error.message.contains("\"prefil\"") && error.message.contains("role=prefill"), "{error}");
+    }
+
+    #[test]
+    fn an_sglang_prefill_server_takes_a_bootstrap_port_and_only_a_prefill_replica_does() {
+        let spec: ReplicaSpec = "http://a:30000,role=prefill,bootstrap=8998".parse().unwrap();
+        assert_eq!((spec.role, spec.bootstrap_port), (Role::Prefill, Some(8998)));
+        assert_eq!(spec.to_string().parse::<ReplicaSpec>().unwrap(), spec);
+        let error = "http://a:1,role=decode,bootstrap=8998".parse::<ReplicaSpec>().unwrap_err();
+        assert!(error.message.contains("role=prefill"), "{error}");
+        let error = "http://a:1,bootstrap=8998".parse::<ReplicaSpec>().unwrap_err();
+        assert!(error.message.contains("role is both"), "{error}");
+        for bad in ["0", "70000", "x"] {
+            let error =
+                format!("http://a:1,role=prefill,bootstrap={bad}").parse::<ReplicaSpec>().unwrap_err();
+            assert!(error.message.contains("--disaggregation-bootstrap-port"), "{error}");
+        }
     }
 
     #[test]

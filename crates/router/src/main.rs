@@ -37,10 +37,11 @@ struct Cli {
     /// Address to listen on. Loopback by default; bind 0.0.0.0 only behind a firewall (and with --tls-*).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
-    /// A replica: URL[,model=NAME][,kv=tcp://HOST:PORT][,kv_replay=tcp://HOST:PORT][,role=ROLE] (repeat for
-    /// each). ROLE is prefill, decode or both (the default): a model with prefill replicas runs in P/D mode,
-    /// splitting long uncached prompts into a prefill leg there and a decode leg at a decode/both replica
-    /// (vLLM's KV-connector flow), by the thresholds of the policy's `pd` section (min_uncached_tokens 512,
+    /// A replica: URL[,model=NAME][,kv=tcp://HOST:PORT][,kv_replay=tcp://HOST:PORT][,role=ROLE][,bootstrap=PORT]
+    /// (repeat for each). ROLE is prefill, decode or both (the default): a model with prefill replicas runs
+    /// in P/D mode, splitting long uncached prompts into a prefill leg there and a decode leg at a
+    /// decode/both replica (vLLM's KV-connector flow; SGLang's bootstrap flow for a prefill replica given its
+    /// bootstrap PORT), by the thresholds of the policy's `pd` section (min_uncached_tokens 512,
     /// min_prompt_tokens 256, max_prefill_queue 16).
     #[arg(long = "replica")]
     replicas: Vec<String>,

@@ -12,14 +12,25 @@
 //! error, 5xx, timeout, no `kv_transfer_params`) makes the request local: the decode replica prefills it.
 //! With `pd.kv_handoff: prompt` (a connector that finds the KV by the prompt in a shared store, as vLLM's
 //! `ExampleConnector` does) no parameters are expected, and the decode leg is the client's request as it came.
+//!
+//! A prefill replica tagged `bootstrap=PORT` is an SGLang prefill server, and a split onto it runs SGLang's
+//! flow instead: both legs carry `bootstrap_host` (the prefill replica's host), `bootstrap_port` and a fresh
+//! `bootstrap_room`, and go out at once; the decode server pulls the room's KV from the prefill server as it
+//! is computed. The prefill leg's answer (its one token) is read and dropped in a task of its own. If that leg
+//! fails before the decode leg's first byte, the decode attempt is abandoned and the decode replica prefills
+//! the prompt itself; a decode leg that answers with a KV transfer error falls back the same way, as in
+//! vLLM's flow.
 
-use std::sync::Arc;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue};
 use fleet_policy::{Decision, KvHandoff, PdInputs, PdReason, RequestView, decide_pd};
 use serde_json::{Value, json};
+use tokio::sync::oneshot;
 
 use crate::proxy::{PD_HEADER, PREFILL_REPLICA_HEADER};
 use crate::routing_key::Route;
@@ -39,14 +50,19 @@ pub fn in_pd_mode(fleet: &FleetView, group: &Group) -> bool {
 pub struct PdPlan {
     /// What the decision log keeps.
     pub record: PdRecord,
-    /// The client's request with the prefill replica's `kv_transfer_params`; `None` when served locally.
+    /// The client's request with the prefill replica's `kv_transfer_params` (or SGLang's bootstrap fields);
+    /// `None` when served locally.
     pub decode_body: Option<Bytes>,
+    /// SGLang's flow: says why the prefill leg, running beside the decode leg, failed. Dropped unsent when
+    /// it succeeds.
+    pub prefill_failed: Option<oneshot::Receiver<String>>,
 }
 
 impl PdPlan {
     /// Makes a split request local: counted, and the reason kept for the log.
     pub fn fall_back(&mut self, state: &RouterState, why: String) {
         self.decode_body = None;
+        self.prefill_failed = None;
         self.record.branch = "local";
         self.record.reason = PdReason::TransferFailed;
         self.record.fallback = Some(why);
@@ -67,13 +83,13 @@ impl PdPlan {
 }
 
 /// The request's place in the prefill engine: completed there on drop (the leg ended, or the client left).
-struct PrefillTicket<'a> {
-    state: &'a RouterState,
-    group: &'a Group,
+struct PrefillTicket {
+    state: Arc<RouterState>,
+    group: Arc<Group>,
     request_id: u64,
 }
 
-impl Drop for PrefillTicket<'_> {
+impl Drop for PrefillTicket {
     fn drop(&mut self) {
         let now = self.state.now_ms();
         let _ = lock(&self.group.prefill).engine.on_completed(self.request_id, now);
@@ -85,7 +101,7 @@ impl Drop for PrefillTicket<'_> {
 pub async fn prepare(
     state: &Arc<RouterState>,
     fleet: &FleetView,
-    group: &Group,
+    group: &Arc<Group>,
     route: Route,
     headers: &HeaderMap,
     body: &Bytes,
@@ -124,9 +140,11 @@ pub async fn prepare(
             prefill_replica: None,
             prefill: None,
             prefill_ms: None,
+            bootstrap_room: None,
             fallback: None,
         },
         decode_body: None,
+        prefill_failed: None,
     };
     if !decision.split {
         return plan;
@@ -143,7 +161,7 @@ pub async fn prepare(
             return plan;
         }
     };
-    let ticket = PrefillTicket { state, group, request_id };
+    let ticket = PrefillTicket { state: state.clone(), group: group.clone(), request_id };
     let replica = fleet.replica(prefill_pick.replica).cloned();
     plan.record.prefill_replica = replica.as_ref().map(|replica| replica.spec.url.clone());
     plan.record.prefill = Some(prefill_pick);
@@ -151,8 +169,12 @@ pub async fn prepare(
         plan.fall_back(state, "the prefill pick left the fleet".to_owned());
         return plan;
     };
-    let started = Instant::now();
     replica.routed_total.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(port) = replica.spec.bootstrap_port {
+        start_bootstrap_legs(state, &mut plan, ticket, replica, port, route, headers, body);
+        return plan;
+    }
+    let started = Instant::now();
     let outcome = prefill_leg(state, &replica, route, headers, body, params.kv_handoff).await;
     drop(ticket);
     let elapsed = started.elapsed();
@@ -180,6 +202,68 @@ pub async fn prepare(
     plan
 }
 
+/// SGLang's flow: sends the prefill leg (the client's request with the bootstrap fields) in a task of its own
+/// and makes the same body the decode leg. The task reports a failure on `plan.prefill_failed`.
+#[allow(clippy::too_many_arguments)] // the request's parts, each from a different place
+fn start_bootstrap_legs(
+    state: &Arc<RouterState>,
+    plan: &mut PdPlan,
+    ticket: PrefillTicket,
+    replica: Arc<Replica>,
+    bootstrap_port: u16,
+    route: Route,
+    headers: &HeaderMap,
+    body: &Bytes,
+) {
+    let host = replica.spec.host_port().map(|(host, _)| host.trim_matches(['[', ']']).to_owned());
+    let Some(host) = host else {
+        plan.fall_back(state, format!("{} has no host:port for SGLang's bootstrap", replica.spec.url));
+        return;
+    };
+    let room = bootstrap_room(ticket.request_id);
+    let legs = match bootstrap_body(body, &host, bootstrap_port, room) {
+        Ok(legs) => legs,
+        Err(error) => {
+            plan.fall_back(state, format!("the prefill leg failed: {}", error.message));
+            return;
+        }
+    };
+    plan.record.bootstrap_room = Some(room);
+    let (failed, failure) = oneshot::channel();
+    plan.prefill_failed = Some(failure);
+    plan.decode_body = Some(legs.clone());
+    let (state, headers) = (state.clone(), headers.clone());
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let outcome = send_leg(&state, &replica, route, &headers, legs).await;
+        drop(ticket);
+        state.metrics.pd_prefill_leg.observe(started.elapsed());
+        match outcome {
+            Ok(_) => state.observe_health(&replica, true),
+            Err(error) => {
+                replica.errors_total.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if !error.answered {
+                    state.observe_health(&replica, false);
+                }
+                tracing::warn!(replica = %replica.spec.url, room, error = %error.message, "P/D prefill leg (SGLang) failed");
+                // The decode leg may have finished already; then nobody listens, and that is fine.
+                let _ = failed.send(error.message);
+            }
+        }
+    });
+}
+
+/// A fresh bootstrap room: SGLang's prefill server keys the KV it hands over by it, so rooms from several
+/// routers sharing a prefill server must not collide. The hasher's keys are random per process.
+fn bootstrap_room(request_id: u64) -> u64 {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    // SGLang takes the room as a non-negative 63-bit integer.
+    KEYS.get_or_init(RandomState::new).hash_one((request_id, nanos)) >> 1
+}
+
 /// Why a prefill leg failed.
 #[derive(Debug)]
 struct LegError {
@@ -204,7 +288,31 @@ async fn prefill_leg(
     body: &Bytes,
     handoff: KvHandoff,
 ) -> Result<Option<Value>, LegError> {
-    let leg = prefill_body(body)?;
+    let answer = send_leg(state, replica, route, headers, prefill_body(body)?).await?;
+    let url = &replica.spec.url;
+    let value: Value = serde_json::from_slice(&answer)
+        .map_err(|error| LegError::answered(format!("{url} answered something other than JSON: {error}")))?;
+    match (value.get("kv_transfer_params"), handoff) {
+        (_, KvHandoff::Prompt) => Ok(None),
+        (Some(params @ Value::Object(_)), KvHandoff::Params) => Ok(Some(params.clone())),
+        (_, KvHandoff::Params) => Err(LegError::answered(format!(
+            "{url} answered without kv_transfer_params (is it a vLLM replica with a KV connector, started \
+             as a prefill instance? A connector that finds the KV by the prompt, such as vLLM's \
+             ExampleConnector, needs the policy's pd.kv_handoff: prompt; an SGLang prefill server needs \
+             bootstrap=PORT in its replica spec)"
+        ))),
+    }
+}
+
+/// Sends one prefill leg and reads its answer whole: at most [`PREFILL_ANSWER_LIMIT`] bytes, within the
+/// read timeout, with a success status.
+async fn send_leg(
+    state: &RouterState,
+    replica: &Replica,
+    route: Route,
+    headers: &HeaderMap,
+    leg: Bytes,
+) -> Result<Vec<u8>, LegError> {
     let url = &replica.spec.url;
     let deadline = state.config.read_timeout;
     let work = async {
@@ -233,18 +341,7 @@ async fn prefill_leg(
             let text = String::from_utf8_lossy(&answer[..answer.len().min(200)]).into_owned();
             return Err(LegError::answered(format!("{url} answered {status}: {text}")));
         }
-        let value: Value = serde_json::from_slice(&answer).map_err(|error| {
-            LegError::answered(format!("{url} answered something other than JSON: {error}"))
-        })?;
-        match (value.get("kv_transfer_params"), handoff) {
-            (_, KvHandoff::Prompt) => Ok(None),
-            (Some(params @ Value::Object(_)), KvHandoff::Params) => Ok(Some(params.clone())),
-            (_, KvHandoff::Params) => Err(LegError::answered(format!(
-                "{url} answered without kv_transfer_params (is it a vLLM replica with a KV connector, started \
-                 as a prefill instance? A connector that finds the KV by the prompt, such as vLLM's \
-                 ExampleConnector, needs the policy's pd.kv_handoff: prompt)"
-            ))),
-        }
+        Ok(answer)
     };
     tokio::time::timeout(deadline, work).await.unwrap_or_else(|_| {
         Err(LegError { message: format!("{url} did not answer within {deadline:?}"), answered: false })
@@ -282,6 +379,15 @@ fn prefill_body(body: &Bytes) -> Result<Bytes, LegError> {
     Ok(Bytes::from(Value::Object(object).to_string()))
 }
 
+/// SGLang's legs (both the same): the client's request with the prefill server's bootstrap address and room.
+fn bootstrap_body(body: &Bytes, host: &str, port: u16, room: u64) -> Result<Bytes, LegError> {
+    let mut object = request_object(body)?;
+    object.insert("bootstrap_host".to_owned(), json!(host));
+    object.insert("bootstrap_port".to_owned(), json!(port));
+    object.insert("bootstrap_room".to_owned(), json!(room));
+    Ok(Bytes::from(Value::Object(object).to_string()))
+}
+
 /// The decode leg: the client's request as it came, with the prefill answer's `kv_transfer_params`.
 fn decode_body(body: &Bytes, params: Value) -> Result<Bytes, LegError> {
     let mut object = request_object(body)?;
@@ -313,5 +419,20 @@ mod tests {
         let leg: Value = serde_json::from_slice(&prefill_body(&chat).unwrap()).unwrap();
         assert_eq!((leg["max_tokens"].clone(), leg["max_completion_tokens"].clone()), (json!(1), json!(1)));
         assert!(prefill_body(&Bytes::from("[1]")).is_err());
+    }
+
+    #[test]
+    fn sglang_legs_carry_the_bootstrap_address_and_a_fresh_non_negative_room() {
+        let client = Bytes::from(r#"{"model":"m","prompt":"hi","max_tokens":40,"stream":true}"#);
+        let leg: Value =
+            serde_json::from_slice(&bootstrap_body(&client, "10.0.0.7", 8998, 42).unwrap()).unwrap();
+        assert_eq!(
+            (leg["bootstrap_host"].clone(), leg["bootstrap_port"].clone(), leg["bootstrap_room"].clone()),
+            (json!("10.0.0.7"), json!(8998), json!(42))
+        );
+        assert_eq!((leg["max_tokens"].clone(), leg["stream"].clone()), (json!(40), json!(true)));
+        let rooms: std::collections::HashSet<u64> = (0..1000).map(bootstrap_room).collect();
+        assert_eq!(rooms.len(), 1000, "no two requests share a room");
+        assert!(rooms.iter().all(|room| *room <= i64::MAX as u64));
     }
 }

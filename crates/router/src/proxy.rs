@@ -241,7 +241,18 @@ pub async fn forward(
         let split_leg = pd.as_ref().and_then(|plan| plan.decode_body.clone());
         let is_split = split_leg.is_some();
         let leg = split_leg.unwrap_or_else(|| body.clone());
-        match attempt_once(&replica, route, &headers, leg, is_split).await {
+        let sent = attempt_once(&replica, route, &headers, leg, is_split);
+        let prefill_failed = pd.as_mut().and_then(|plan| plan.prefill_failed.take());
+        let outcome = match prefill_failed {
+            // SGLang's flow: a prefill leg that fails first ends the decode attempt, which would only wait
+            // for KV that never comes.
+            Some(failed) => tokio::select! {
+                outcome = sent => outcome,
+                Ok(why) = failed => Err(AttemptError::prefill_failed(why)),
+            },
+            None => sent.await,
+        };
+        match outcome {
             Ok(upstream) => {
                 if is_split {
                     state.metrics.pd_decode_first_byte.observe(started.elapsed());
@@ -311,9 +322,15 @@ pub async fn forward(
                     && error.answered
                     && let Some(plan) = &mut pd
                 {
-                    // The decode replica is up but could not load the transferred KV: the same replica
-                    // prefills the prompt itself, and that attempt is not one of the retries.
-                    plan.fall_back(&state, format!("the decode leg failed: {last_error}"));
+                    // The decode replica is up but could not load the transferred KV (or its prefill leg
+                    // failed): the same replica prefills the prompt itself, and that attempt is not one of
+                    // the retries.
+                    let why = if error.prefill_failed {
+                        format!("the prefill leg failed: {last_error}")
+                    } else {
+                        format!("the decode leg failed: {last_error}")
+                    };
+                    plan.fall_back(&state, why);
                     tracing::warn!(replica = %replica.spec.url, error = %last_error, "P/D decode leg failed; prefilling locally");
                     attempts += 1;
                     attempt += 1;
@@ -447,6 +464,14 @@ struct AttemptError {
     message: String,
     /// The replica answered (a 5xx, or an error event first): it is up, the request failed there.
     answered: bool,
+    /// The attempt was abandoned because its P/D prefill leg (SGLang's flow) failed.
+    prefill_failed: bool,
+}
+
+impl AttemptError {
+    fn prefill_failed(why: String) -> Self {
+        Self { message: why, answered: true, prefill_failed: true }
+    }
 }
 
 /// One attempt at one replica: `Ok` once it produced its first body chunk. A P/D decode leg (`split_leg`)
@@ -458,7 +483,7 @@ async fn attempt_once(
     body: Bytes,
     split_leg: bool,
 ) -> Result<Committed, AttemptError> {
-    let unreachable = |message: String| AttemptError { message, answered: false };
+    let unreachable = |message: String| AttemptError { message, answered: false, prefill_failed: false };
     let upstream = replica
         .connections
         .post(route, headers, body)
@@ -469,6 +494,7 @@ async fn attempt_once(
         return Err(AttemptError {
             message: format!("{} answered {status}", replica.spec.url),
             answered: true,
+            prefill_failed: false,
         });
     }
     let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
@@ -488,6 +514,7 @@ async fn attempt_once(
         return Err(AttemptError {
             message: format!("{} sent an error event before any token", replica.spec.url),
             answered: true,
+            prefill_failed: false,
         });
     }
     let complete = length.is_some_and(|n| first.as_ref().map_or(0, |b| b.len() as u64) == n);

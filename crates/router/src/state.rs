@@ -327,9 +327,13 @@ pub struct PdRecord {
     /// The prefill engine's explanation of its pick, when split.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefill: Option<Decision>,
-    /// How long the prefill leg took, in ms.
+    /// How long the prefill leg took, in ms (vLLM's flow; SGLang's runs beside the decode leg, and only
+    /// `fleet_router_pd_prefill_leg_seconds` times it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefill_ms: Option<f64>,
+    /// SGLang's flow: the bootstrap room both legs carried.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bootstrap_room: Option<u64>,
     /// Why a split was served with a local prefill after all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
@@ -947,6 +951,7 @@ impl RouterState {
                 "url": replica.spec.url,
                 "model": replica.model,
                 "role": replica.spec.role.as_str(),
+                "bootstrap_port": replica.spec.bootstrap_port,
                 "healthy": replica.healthy(),
                 "outstanding": outstanding,
                 "prefill_tokens": prefill_tokens,

@@ -1,6 +1,7 @@
-//! P/D mode: a router over fleet-sim prefill and decode replicas (vLLM's flow) splits long prompts, serves
-//! short or cached ones locally, follows a live policy change, and falls back to a local prefill when the
-//! prefill leg or the KV transfer fails; the decision log and `/metrics` say which branch and why.
+//! P/D mode: a router over fleet-sim prefill and decode replicas (vLLM's flow, and SGLang's bootstrap flow)
+//! splits long prompts, serves short or cached ones locally, follows a live policy change, and falls back to a
+//! local prefill when the prefill leg or the KV transfer fails; the decision log and `/metrics` say which
+//! branch and why.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use fleet_policy::PolicySpec;
 use fleet_router::{HealthConfig, RouterConfig};
 use fleet_sim::engine::{EngineConfig, LoadFailurePolicy};
 use fleet_sim::pd::{PdConfig, Role};
-use fleet_sim::{Faults, ModelConfig};
+use fleet_sim::{Faults, Flavor, ModelConfig};
 use fleet_test_support::{SimFleet, spawn_sim};
 use serde_json::{Value, json};
 
@@ -427,5 +428,86 @@ async fn the_prefill_pick_follows_the_prefix_over_the_prefill_pool() -> Result<(
         hits >= 2.0 * 64.0 * 16.0 - 16.0,
         "the head was cached at the prefill replica it went to: {hits}"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_sglang_pair_gets_both_legs_at_once_in_one_room_and_either_leg_failing_falls_back() -> Result<()> {
+    let sglang = |role| ModelConfig { flavor: Flavor::Sglang, ..sim_config(role, LoadFailurePolicy::Fail) };
+    let prefill = spawn_sim(1, sglang(Role::Prefill)).await?;
+    let decode = spawn_sim(1, sglang(Role::Decode)).await?;
+    let (p, d) = (prefill.urls()[0].clone(), decode.urls()[0].clone());
+    // fleet-sim serves its bootstrap (the KV pulls) on its HTTP port.
+    let port = prefill.fleet.replicas[0].addr.port();
+    let replicas = vec![
+        format!("{p},model={MODEL},role=prefill,bootstrap={port}"),
+        format!("{d},model={MODEL},role=decode"),
+    ];
+    let router = router_over(replicas, spec()).await?;
+
+    let body =
+        json!({"model": MODEL, "prompt": prompt("sglang-stream", 64), "max_tokens": 8, "stream": true});
+    let (status, headers, text) = complete(&router, &body).await?;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        (header(&headers, "x-fleet-pd"), header(&headers, "x-fleet-prefill-replica")),
+        ("split", p.as_str())
+    );
+    let events = sse_data(&text);
+    assert_eq!(events.iter().filter(|e| e.contains("\"finish_reason\":null")).count(), 8, "{text}");
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{text}");
+    let logged = decision(&router, &headers).await?;
+    let room = logged["pd"]["bootstrap_room"].as_u64().with_context(|| format!("no room: {logged}"))?;
+    assert!(room <= i64::MAX as u64, "{logged}");
+
+    let body = json!({"model": MODEL, "prompt": prompt("sglang-whole", 64), "max_tokens": 4});
+    let (status, headers, text) = complete(&router, &body).await?;
+    assert_eq!((status, header(&headers, "x-fleet-pd")), (200, "split"), "{text}");
+    let answer: Value = serde_json::from_str(&text)?;
+    assert_eq!(answer["usage"]["completion_tokens"], 4);
+    assert_eq!(
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"], 1023,
+        "pulled from the room: {answer}"
+    );
+    let second_room = decision(&router, &headers).await?["pd"]["bootstrap_room"].as_u64();
+    assert!(second_room.is_some_and(|r| r != room), "a fresh room per request");
+    // Two prefills of one token each at the prefill server, two pulls, no transfer failed.
+    assert_eq!(metric(&p, "sglang:generation_tokens_total").await?, 2.0);
+    assert!(metric(&p, "sglang:kv_transfer_latency_ms").await? > 0.0);
+    assert_eq!(metric(&d, "sglang:num_transfer_failed_reqs_total").await?, 0.0);
+    // The prefill legs end in their own tasks, maybe after the answers: their timings come in.
+    fleet_test_support::eventually("both prefill legs timed", Duration::from_secs(10), || async {
+        let state = router.admin_get(&client(), "/admin/state").await?;
+        Ok((state["pd"]["prefill_leg"]["count"] == 2).then_some(()))
+    })
+    .await?;
+    let state = router.admin_get(&client(), "/admin/state").await?;
+    let tagged =
+        state["replicas"].as_array().and_then(|r| r.iter().find(|r| r["url"] == p.as_str()).cloned());
+    assert_eq!(tagged.map(|r| r["bootstrap_port"].clone()), Some(json!(port)), "{state}");
+
+    // The decode server fails to load the room's KV: the same replica prefills, the client sees nothing.
+    decode.fleet.set_faults(0, Faults { kv_transfer_fail_next: 1, ..Faults::default() })?;
+    let body = json!({"model": MODEL, "prompt": prompt("sglang-transfer-fails", 64), "max_tokens": 3});
+    let (status, headers, text) = complete(&router, &body).await?;
+    assert_eq!((status, header(&headers, "x-fleet-pd")), (200, "transfer_failed"), "{text}");
+    let answer: Value = serde_json::from_str(&text)?;
+    assert_eq!(answer["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "prefilled locally: {answer}");
+    let logged = decision(&router, &headers).await?;
+    let fallback = logged["pd"]["fallback"].as_str().unwrap_or_default();
+    assert!(fallback.contains("decode leg failed"), "{logged}");
+
+    // The prefill server answers 500: the decode attempt, which would wait for the room until its 1.5 s
+    // deadline and then fail with a KV transfer error, is abandoned as soon as the prefill leg fails.
+    prefill.fleet.set_faults(0, Faults { error_rate: 1.0, ..Faults::default() })?;
+    let body = json!({"model": MODEL, "prompt": prompt("sglang-prefill-fails", 64), "max_tokens": 3, "stream": true});
+    let (status, headers, text) = complete(&router, &body).await?;
+    assert_eq!((status, header(&headers, "x-fleet-pd")), (200, "transfer_failed"), "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    assert_eq!(sse_data(&text).iter().filter(|e| e.contains("\"finish_reason\":null")).count(), 3, "{text}");
+    let logged = decision(&router, &headers).await?;
+    let fallback = logged["pd"]["fallback"].as_str().unwrap_or_default();
+    assert!(fallback.contains("prefill leg failed") && fallback.contains("500"), "{logged}");
+    assert_eq!(decisions(&router, "transfer_failed").await?, 2.0);
     Ok(())
 }
