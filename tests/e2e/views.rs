@@ -588,6 +588,15 @@ async fn chromium_shows_a_pd_fleet_its_roles_decisions_and_ttft_legs() -> Result
     assert!(reasons.iter().any(|r| r.starts_with("split (remote prefill): ")), "{reasons:?}");
     let bars = browser.find_all(Locator::Css("[data-testid=pd-over-time] .pd-seg")).await?;
     assert!(!bars.is_empty(), "decisions over time are drawn");
+    // The router's own row: its splits and their TTFT as it timed them.
+    let splits =
+        texts(&browser, "[data-testid=pd-router][data-kind=fleet-router] [data-testid=pd-router-splits]")
+            .await?;
+    assert!(splits.first().and_then(|s| s.parse::<u64>().ok()).is_some_and(|n| n >= 1), "{splits:?}");
+    let ttft =
+        texts(&browser, "[data-testid=pd-router][data-kind=fleet-router] [data-testid=pd-router-ttft]")
+            .await?;
+    assert!(ttft.first().is_some_and(|t| t.ends_with("ms") || t.ends_with(" s")), "{ttft:?}");
     screenshot(&browser, "view-pd.png").await?;
 
     // The what-if replays the recording with the prefill pool the routers tag: one prefill, one decode.

@@ -277,7 +277,7 @@ pub fn pd_reason(reason: &str) -> String {
 pub fn ttft_legs(t: &fleetdeck_api::PdTtftSplit) -> Vec<(&'static str, f64)> {
     let Some(prefill) = t.prefill_leg_mean_ms else { return Vec::new() };
     let mut legs = vec![("prefill leg", prefill)];
-    match (t.transfer_mean_ms, t.first_decode_token_mean_ms, t.decode_first_byte_mean_ms) {
+    match (t.transfer_mean_ms, t.first_decode_token_mean_ms, t.decode_leg_mean_ms) {
         (Some(transfer), Some(first), _) => {
             legs.extend([("KV transfer", transfer), ("first decode token", first)])
         }
@@ -335,7 +335,9 @@ mod tests {
         let mut t = fleetdeck_api::PdTtftSplit::default();
         assert!(ttft_legs(&t).is_empty(), "no split, no legs");
         t.prefill_leg_mean_ms = Some(30.0);
-        t.decode_first_byte_mean_ms = Some(50.0);
+        // The first byte counts from arrival: the decode leg is what follows the prefill leg.
+        t.decode_first_byte_mean_ms = Some(80.0);
+        t.decode_leg_mean_ms = Some(50.0);
         assert_eq!(ttft_legs(&t), [("prefill leg", 30.0), ("decode leg (transfer not timed)", 50.0)]);
         t.transfer_mean_ms = Some(8.0);
         t.first_decode_token_mean_ms = Some(42.0);

@@ -14,8 +14,10 @@
 //! The goals (issue 36): the tuned thresholds beat always- and never-split on live TTFT p95 at equal
 //! throughput, and the what-if's pick is the live best. The workload has long shared prefixes (tenants'
 //! system prompts, shared documents) and short unique suffixes (`fleet-sim gen` with the config below).
-//! FLEET_PD_REQUESTS (default 240) sets its length and FLEET_PD_RATE (default 12 requests per second) its
-//! load. Not part of CI: it is a benchmark.
+//! FLEET_PD_REQUESTS (default 2400) sets its length and FLEET_PD_RATE (default 80 requests per second) its
+//! load: enough that two decode replicas prefilling every cold prompt themselves fall behind, which is where
+//! disaggregation pays on TTFT (at 40 requests per second and below never-split wins: the transfer then costs
+//! more than the prefill interference it saves). Not part of CI: it is a benchmark.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -112,9 +114,9 @@ pub fn run_pd() -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|n| *n > 0)
-        .unwrap_or(240);
+        .unwrap_or(2400);
     let rate: f64 =
-        std::env::var("FLEET_PD_RATE").ok().and_then(|v| v.parse().ok()).filter(|r| *r > 0.0).unwrap_or(12.0);
+        std::env::var("FLEET_PD_RATE").ok().and_then(|v| v.parse().ok()).filter(|r| *r > 0.0).unwrap_or(80.0);
     let config = dir.join("workload.yaml");
     fs::write(&config, format!("rate_rps: {rate}\n{WORKLOAD}")).map_err(|e| e.to_string())?;
     let trace = dir.join("workload.jsonl");

@@ -370,6 +370,9 @@ pub struct PdView {
     /// Decisions per reason in consecutive buckets of `bucket_s`, oldest first.
     pub over_time: Vec<PdBucket>,
     pub ttft: PdTtftSplit,
+    /// Each router's own P/D figures (fleet-routers and third-party routers that disaggregate).
+    #[serde(default)]
+    pub router_figures: Vec<PdRouterRow>,
     /// How the figures were read, and what is missing.
     pub notes: Vec<String>,
 }
@@ -419,9 +422,37 @@ pub struct PdTtftSplit {
     pub prefill_leg_p95_ms: Option<f64>,
     /// The KV transfer as the decode engines timed it (absent when they export no transfer metrics).
     pub transfer_mean_ms: Option<f64>,
-    /// The decode leg's first token after the transfer: the decode leg's first byte less the transfer.
+    /// The decode leg's first token after the transfer: the decode leg less the transfer.
     pub first_decode_token_mean_ms: Option<f64>,
-    /// The decode leg to its first byte as the routers timed it (transfer included).
+    /// The decode leg: what the split's TTFT adds after the prefill leg (transfer included).
+    #[serde(default)]
+    pub decode_leg_mean_ms: Option<f64>,
+    /// A split request's arrival at the router to the decode replica's first byte: its TTFT as the routers
+    /// saw it (prefill leg, transfer and first decode token).
     pub decode_first_byte_mean_ms: Option<f64>,
     pub decode_first_byte_p95_ms: Option<f64>,
+}
+
+/// One router's own P/D figures over the view's window: fleet-router's counters, or a third-party router's
+/// own metrics (SMG's `smg_pd_*`), each as that router times it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PdRouterRow {
+    pub url: String,
+    /// `fleet-router`, or the third-party router's kind (`smg`).
+    pub kind: String,
+    /// Requests it split (sent to a prefill replica) in the window.
+    pub splits: u64,
+    /// Splits that failed: fleet-router's fall back to a local prefill; SMG answers its bootstrap, KV
+    /// transfer and rendezvous failures as errors.
+    pub failures: u64,
+    /// A split request's time to first token (fleet-router: arrival to the decode replica's first byte;
+    /// SMG: `smg_pd_ttft_seconds`).
+    pub ttft_mean_ms: Option<f64>,
+    pub ttft_p95_ms: Option<f64>,
+    /// The prefill leg (SMG: `smg_pd_prefill_duration_seconds`).
+    pub prefill_mean_ms: Option<f64>,
+    /// The KV transfer, where the router times it (SMG's gRPC path); fleet-router leaves it to the engines.
+    pub transfer_mean_ms: Option<f64>,
+    /// The decode side's own time to its first token, where the router times it (SMG's gRPC path).
+    pub decode_ttft_mean_ms: Option<f64>,
 }

@@ -6,20 +6,26 @@
 //! engines' own figures (KV usage, queues, the connector's transfer time). [`build`] is the pure part:
 //! counter readings in, figures out, so every number here is tested on hand-made readings.
 //!
-//! TTFT of a split request = prefill leg (router-timed: send, prefill, answer) + decode leg to its first
-//! byte (router-timed), and the decode leg = KV transfer (engine-timed, where the connector exports it) +
-//! the first decode token. Leg figures are over the view's window; the transfer is over the app's signal
-//! window (seconds), the freshest the engines give.
+//! TTFT of a split request (router-timed: arrival to the decode replica's first byte) = prefill leg
+//! (router-timed: send, prefill, answer) + decode leg, and the decode leg = KV transfer (engine-timed, where
+//! the connector exports it) + the first decode token. Leg figures are over the view's window; the transfer
+//! is over the app's signal window (seconds), the freshest the engines give.
+//!
+//! Third-party routers that disaggregate (SMG in P/D mode) add a row each of their own figures, as they time
+//! them (`smg_pd_*`), their splits count in the decisions over time, and the roles their workers list count
+//! in the roles.
 
 use std::collections::BTreeMap;
 
 use fleetdeck_api::{
-    ApiError, PdBucket, PdReasonCount, PdRole, PdTtftSplit, PdView, PdViewArgs, ReplicaRow, RouterSource,
+    ApiError, PdBucket, PdReasonCount, PdRole, PdRouterRow, PdTtftSplit, PdView, PdViewArgs, ReplicaRow,
+    RouterSource,
 };
 
 use crate::fleet::Fleet;
 use crate::routers::admin::{LegHistogram, PdCounters, RouterState};
-use crate::routers::{PD_KEPT, Routers};
+use crate::routers::third_party::PeerWorker;
+use crate::routers::{PD_KEPT, PeerPdSamples, Routers};
 use crate::unix_ms_now;
 
 /// The P/D view's handle. Cheap to clone.
@@ -64,6 +70,8 @@ impl Disagg {
         let input = Input {
             states: self.routers.states(),
             samples: self.routers.pd_samples_since(since_ms),
+            peers: self.routers.peer_pd_samples_since(since_ms),
+            peer_workers: self.routers.peer_workers(),
             replicas: self.fleet.rows(),
             sources: self.routers.sources(),
         };
@@ -77,6 +85,10 @@ pub struct Input {
     pub states: Vec<RouterState>,
     /// Each router's cumulative P/D counters, oldest first, with one reading before the window.
     pub samples: Vec<(String, Vec<(i64, PdCounters)>)>,
+    /// Third-party routers' own P/D readings, the same way.
+    pub peers: Vec<PeerPdSamples>,
+    /// The workers third-party routers list, with their roles.
+    pub peer_workers: Vec<PeerWorker>,
     /// The scraped replicas.
     pub replicas: Vec<ReplicaRow>,
     pub sources: Vec<RouterSource>,
@@ -97,24 +109,57 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
     let mut totals: BTreeMap<String, u64> = BTreeMap::new();
     let mut fallbacks = 0;
     let (mut prefill_leg, mut decode_first_byte) = (LegHistogram::default(), LegHistogram::default());
-    for (_, samples) in &input.samples {
+    let mut router_figures = Vec::new();
+    let slot_of =
+        |at: i64| usize::try_from((at - start_ms - 1).max(0) / bucket_ms).unwrap_or(0).min(buckets - 1);
+    for (url, samples) in &input.samples {
+        let mut row = RouterWindow::default();
         for pair in samples.windows(2) {
             let ((_, before), (at, after)) = (&pair[0], &pair[1]);
             if *at <= since_ms {
                 continue;
             }
-            let slot = usize::try_from((at - start_ms - 1).max(0) / bucket_ms).unwrap_or(0).min(buckets - 1);
+            let slot = slot_of(*at);
             for (reason, count) in &after.decisions {
                 let added = increase(before.decisions.get(reason).copied().unwrap_or(0), *count);
                 if added > 0 {
                     *over_time[slot].entry(reason.clone()).or_default() += added;
                     *totals.entry(reason.clone()).or_default() += added;
+                    if reason == "split" {
+                        row.splits += added;
+                    }
                 }
             }
-            fallbacks += increase(before.fallbacks, after.fallbacks);
-            add_delta(&mut prefill_leg, &before.prefill_leg, &after.prefill_leg);
-            add_delta(&mut decode_first_byte, &before.decode_first_byte, &after.decode_first_byte);
+            row.failures += increase(before.fallbacks, after.fallbacks);
+            add_delta(&mut row.prefill, &before.prefill_leg, &after.prefill_leg);
+            add_delta(&mut row.ttft, &before.decode_first_byte, &after.decode_first_byte);
         }
+        fallbacks += row.failures;
+        add_leg(&mut prefill_leg, &row.prefill);
+        add_leg(&mut decode_first_byte, &row.ttft);
+        router_figures.push(row.into_row(url, "fleet-router"));
+    }
+    for peer in &input.peers {
+        let mut row = RouterWindow::default();
+        for pair in peer.samples.windows(2) {
+            let ((_, before), (at, after)) = (&pair[0], &pair[1]);
+            if *at <= since_ms {
+                continue;
+            }
+            let added = increase(before.splits, after.splits);
+            if added > 0 {
+                // A peer in P/D mode splits every request it sends to a prefill worker.
+                *over_time[slot_of(*at)].entry("split".to_owned()).or_default() += added;
+                *totals.entry("split".to_owned()).or_default() += added;
+                row.splits += added;
+            }
+            row.failures += increase(before.failures, after.failures);
+            add_delta(&mut row.ttft, &before.ttft, &after.ttft);
+            add_delta(&mut row.prefill, &before.prefill, &after.prefill);
+            add_delta(&mut row.transfer, &before.transfer, &after.transfer);
+            add_delta(&mut row.decode_ttft, &before.decode_ttft, &after.decode_ttft);
+        }
+        router_figures.push(row.into_row(&peer.url, &peer.kind));
     }
     let all: u64 = totals.values().sum();
     let mut reasons: Vec<PdReasonCount> = totals
@@ -123,7 +168,7 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
         .collect();
     reasons.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
 
-    let roles = roles(&input.states, &input.replicas);
+    let roles = roles(&input.states, &input.peer_workers, &input.replicas);
     let count = |name: &str| roles.iter().find(|r| r.role == name).map_or(0, |r| r.replicas);
     let (prefill, decode) = (count("prefill"), count("decode"));
     let ratio = (prefill > 0 && decode > 0).then(|| {
@@ -131,30 +176,25 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
         format!("{}:{}", prefill / g, decode / g)
     });
     let transfer_mean_ms = roles.iter().find(|r| r.role == "decode").and_then(|r| r.transfer_ms);
-    let mean_ms = |h: &LegHistogram| (h.count > 0).then(|| h.sum_s / h.count as f64 * 1e3);
-    let p95_ms = |h: &LegHistogram| {
-        let buckets: Vec<(f64, f64)> = h
-            .buckets
-            .iter()
-            .map(|(le, n)| (*le, *n as f64))
-            .chain(std::iter::once((f64::INFINITY, h.count as f64)))
-            .collect();
-        (h.count > 0)
-            .then(|| fleet_telemetry::signals::histogram_quantile(0.95, &buckets))
-            .flatten()
-            .map(|s| s * 1e3)
-    };
     let decode_first_byte_mean_ms = mean_ms(&decode_first_byte);
+    let prefill_leg_mean_ms = mean_ms(&prefill_leg);
+    // The routers time the decode side from the request's arrival: the decode leg is what it adds after
+    // the prefill leg (in SGLang's flow the legs overlap, and this is still what the prefill leaves).
+    let decode_leg_mean_ms = match (decode_first_byte_mean_ms, prefill_leg_mean_ms) {
+        (Some(ttft), Some(prefill)) => Some((ttft - prefill).max(0.0)),
+        _ => None,
+    };
     let ttft = PdTtftSplit {
         splits: prefill_leg.count,
         fallbacks,
-        prefill_leg_mean_ms: mean_ms(&prefill_leg),
+        prefill_leg_mean_ms,
         prefill_leg_p95_ms: p95_ms(&prefill_leg),
         transfer_mean_ms,
-        first_decode_token_mean_ms: match (decode_first_byte_mean_ms, transfer_mean_ms) {
+        first_decode_token_mean_ms: match (decode_leg_mean_ms, transfer_mean_ms) {
             (Some(leg), Some(transfer)) => Some((leg - transfer).max(0.0)),
             _ => None,
         },
+        decode_leg_mean_ms,
         decode_first_byte_mean_ms,
         decode_first_byte_p95_ms: p95_ms(&decode_first_byte),
     };
@@ -165,6 +205,14 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
         notes.push(
             "No router knows a prefill replica: tag replicas role=prefill and role=decode in fleet-router's \
              --replica list (or add them with a role) to disaggregate."
+                .to_owned(),
+        );
+    }
+    if router_figures.iter().any(|r| r.kind != "fleet-router") {
+        notes.push(
+            "Third-party routers' rows are their own figures as they time them (SMG: smg_pd_ttft_seconds, \
+             smg_pd_prefill_duration_seconds, and over gRPC its KV transfer and decode TTFT); their splits \
+             count in the decisions over time."
                 .to_owned(),
         );
     }
@@ -201,8 +249,60 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
             .map(|(i, counts)| PdBucket { start_ms: start_ms + bucket_ms * i as i64, counts })
             .collect(),
         ttft,
+        router_figures,
         notes,
     }
+}
+
+/// One router's P/D readings differenced over the window.
+#[derive(Default)]
+struct RouterWindow {
+    splits: u64,
+    failures: u64,
+    ttft: LegHistogram,
+    prefill: LegHistogram,
+    transfer: LegHistogram,
+    decode_ttft: LegHistogram,
+}
+
+impl RouterWindow {
+    fn into_row(self, url: &str, kind: &str) -> PdRouterRow {
+        PdRouterRow {
+            url: url.to_owned(),
+            kind: kind.to_owned(),
+            splits: self.splits,
+            failures: self.failures,
+            ttft_mean_ms: mean_ms(&self.ttft),
+            ttft_p95_ms: p95_ms(&self.ttft),
+            prefill_mean_ms: mean_ms(&self.prefill),
+            transfer_mean_ms: mean_ms(&self.transfer),
+            decode_ttft_mean_ms: mean_ms(&self.decode_ttft),
+        }
+    }
+}
+
+/// A histogram's mean, ms; `None` when it counted nothing.
+fn mean_ms(h: &LegHistogram) -> Option<f64> {
+    (h.count > 0).then(|| h.sum_s / h.count as f64 * 1e3)
+}
+
+/// A histogram's 95th percentile by its buckets, ms.
+fn p95_ms(h: &LegHistogram) -> Option<f64> {
+    let buckets: Vec<(f64, f64)> = h
+        .buckets
+        .iter()
+        .map(|(le, n)| (*le, *n as f64))
+        .chain(std::iter::once((f64::INFINITY, h.count as f64)))
+        .collect();
+    (h.count > 0)
+        .then(|| fleet_telemetry::signals::histogram_quantile(0.95, &buckets))
+        .flatten()
+        .map(|s| s * 1e3)
+}
+
+/// Adds one window's histogram to a total (as [`add_delta`] from an empty reading).
+fn add_leg(total: &mut LegHistogram, window: &LegHistogram) {
+    add_delta(total, &LegHistogram::default(), window);
 }
 
 /// Adds the increase of a leg histogram between two readings (a reset takes the later one whole).
@@ -239,7 +339,7 @@ fn gcd(a: u32, b: u32) -> u32 {
 
 /// Per role: replicas (each URL once, as any router lists it), health, the routers' outstanding requests
 /// and the engines' own figures.
-fn roles(states: &[RouterState], replicas: &[ReplicaRow]) -> Vec<PdRole> {
+fn roles(states: &[RouterState], peer_workers: &[PeerWorker], replicas: &[ReplicaRow]) -> Vec<PdRole> {
     struct Seen {
         role: String,
         healthy: bool,
@@ -258,6 +358,15 @@ fn roles(states: &[RouterState], replicas: &[ReplicaRow]) -> Vec<PdRole> {
             seen.healthy |= replica.healthy;
             seen.outstanding += replica.outstanding;
         }
+    }
+    for worker in peer_workers {
+        let seen = by_url.entry(fleet_telemetry::scrape::metrics_url(&worker.url)).or_insert(Seen {
+            role: worker.role.clone(),
+            healthy: false,
+            outstanding: 0,
+        });
+        seen.healthy |= worker.healthy.unwrap_or(false);
+        seen.outstanding += worker.load.unwrap_or(0.0).max(0.0) as u64;
     }
     let scraped: BTreeMap<String, &ReplicaRow> =
         replicas.iter().map(|row| (fleet_telemetry::scrape::metrics_url(&row.url), row)).collect();
@@ -370,7 +479,18 @@ mod tests {
                 ],
             ),
         ];
-        let view = build(Input { states: vec![], samples, replicas: vec![], sources: vec![] }, NOW, args());
+        let view = build(
+            Input {
+                states: vec![],
+                samples,
+                replicas: vec![],
+                sources: vec![],
+                peers: vec![],
+                peer_workers: vec![],
+            },
+            NOW,
+            args(),
+        );
         let got: Vec<(&str, u64)> = view.reasons.iter().map(|r| (r.reason.as_str(), r.count)).collect();
         assert_eq!(got, [("short_prompt", 5), ("split", 5)], "largest first, ties by name");
         assert!((view.reasons[0].share - 0.5).abs() < 1e-9);
@@ -398,7 +518,18 @@ mod tests {
                 (NOW - 10_000, counters(3, 0, 0, leg([1, 3, 3], 0.6, 3), leg([0; 3], 0.0, 0))),
             ],
         )];
-        let view = build(Input { states: vec![], samples, replicas: vec![], sources: vec![] }, NOW, args());
+        let view = build(
+            Input {
+                states: vec![],
+                samples,
+                replicas: vec![],
+                sources: vec![],
+                peers: vec![],
+                peer_workers: vec![],
+            },
+            NOW,
+            args(),
+        );
         assert_eq!(view.reasons[0].count, 3);
         assert_eq!(view.ttft.splits, 3);
         assert!(view.ttft.prefill_leg_mean_ms.is_some_and(|ms| (ms - 200.0).abs() < 1e-9));
@@ -406,18 +537,19 @@ mod tests {
 
     #[test]
     fn ttft_divides_into_the_prefill_leg_the_transfer_and_the_first_decode_token() {
-        // Two routers, 10 splits: prefill legs 8 under 0.1 s and 2 under 0.5 s; decode first bytes 60 ms.
+        // Two routers, 10 splits: prefill legs 8 under 0.1 s and 2 under 0.5 s; first bytes 140 ms after
+        // arrival, so 60 ms after the 80 ms prefill leg.
         let router = |url: &str, prefill: [u64; 3], p_sum: f64, d_sum: f64| {
             (
                 url.to_owned(),
                 vec![
                     (NOW - 40_000, counters(0, 0, 0, leg([0; 3], 0.0, 0), leg([0; 3], 0.0, 0))),
-                    (NOW - 1_000, counters(5, 0, 0, leg(prefill, p_sum, 5), leg([5, 5, 5], d_sum, 5))),
+                    (NOW - 1_000, counters(5, 0, 0, leg(prefill, p_sum, 5), leg([0, 5, 5], d_sum, 5))),
                 ],
             )
         };
         let samples =
-            vec![router("http://r1", [5, 5, 5], 0.25, 0.3), router("http://r2", [3, 5, 5], 0.55, 0.3)];
+            vec![router("http://r1", [5, 5, 5], 0.25, 0.7), router("http://r2", [3, 5, 5], 0.55, 0.7)];
         let states = vec![RouterState {
             replicas: vec![
                 replica("http://p1", "prefill", true, 2),
@@ -431,15 +563,26 @@ mod tests {
             row("http://d1/metrics", 0.6, 0.0, Some(0.015)),
             row("http://d2", 0.8, 2.0, Some(0.025)),
         ];
-        let view = build(Input { states, samples, replicas, sources: vec![] }, NOW, args());
+        let view = build(
+            Input { states, samples, replicas, sources: vec![], peers: vec![], peer_workers: vec![] },
+            NOW,
+            args(),
+        );
         let t = &view.ttft;
         assert_eq!(t.splits, 10);
         assert!(t.prefill_leg_mean_ms.is_some_and(|ms| (ms - 80.0).abs() < 1e-9), "{t:?}");
         // The 95th of 10 lies in (0.1, 0.5]: 9.5th observation, 1.5 of the bucket's 2.
         assert!(t.prefill_leg_p95_ms.is_some_and(|ms| (ms - (100.0 + 400.0 * 0.75)).abs() < 1e-6), "{t:?}");
-        assert!(t.decode_first_byte_mean_ms.is_some_and(|ms| (ms - 60.0).abs() < 1e-9), "{t:?}");
+        assert!(t.decode_first_byte_mean_ms.is_some_and(|ms| (ms - 140.0).abs() < 1e-9), "{t:?}");
+        assert!(t.decode_leg_mean_ms.is_some_and(|ms| (ms - 60.0).abs() < 1e-9), "{t:?}");
         assert!(t.transfer_mean_ms.is_some_and(|ms| (ms - 20.0).abs() < 1e-9), "{t:?}");
         assert!(t.first_decode_token_mean_ms.is_some_and(|ms| (ms - 40.0).abs() < 1e-9), "{t:?}");
+        // Each router's own row: its splits and legs.
+        let r2 = view.router_figures.iter().find(|r| r.url == "http://r2").expect("r2's row");
+        assert_eq!((r2.kind.as_str(), r2.splits, r2.failures), ("fleet-router", 5, 0));
+        assert!(r2.prefill_mean_ms.is_some_and(|ms| (ms - 110.0).abs() < 1e-9), "{r2:?}");
+        assert!(r2.ttft_mean_ms.is_some_and(|ms| (ms - 140.0).abs() < 1e-9), "{r2:?}");
+        assert_eq!(r2.transfer_mean_ms, None, "fleet-router leaves the transfer to the engines");
 
         assert!(view.disaggregated);
         assert_eq!(view.ratio.as_deref(), Some("1:2"));
@@ -457,13 +600,76 @@ mod tests {
     fn a_fleet_without_prefill_replicas_says_how_to_disaggregate() {
         let states =
             vec![RouterState { replicas: vec![replica("http://a", "", true, 0)], ..RouterState::default() }];
-        let view = build(Input { states, samples: vec![], replicas: vec![], sources: vec![] }, NOW, args());
+        let view = build(
+            Input {
+                states,
+                samples: vec![],
+                replicas: vec![],
+                sources: vec![],
+                peers: vec![],
+                peer_workers: vec![],
+            },
+            NOW,
+            args(),
+        );
         assert!(!view.disaggregated);
         assert_eq!(view.ratio, None);
         assert_eq!(view.roles.iter().map(|r| r.role.as_str()).collect::<Vec<_>>(), ["both"]);
         assert!(view.notes.iter().any(|n| n.contains("role=prefill")), "{:?}", view.notes);
         assert!(view.notes.iter().any(|n| n.contains("predate P/D")), "{:?}", view.notes);
         assert!(view.ttft.prefill_leg_mean_ms.is_none());
+    }
+
+    #[test]
+    fn a_third_party_router_adds_its_own_figures_its_splits_and_its_workers_roles() {
+        use crate::routers::third_party::PeerPd;
+        let smg = |splits: u64, failures: u64, ttft_sum: f64, prefill_sum: f64| PeerPd {
+            splits,
+            failures,
+            ttft: leg([0, splits, splits], ttft_sum, splits),
+            prefill: leg([splits, splits, splits], prefill_sum, splits),
+            ..PeerPd::default()
+        };
+        let peers = vec![PeerPdSamples {
+            url: "http://smg".to_owned(),
+            kind: "smg".to_owned(),
+            samples: vec![
+                // Before the window: 10 splits, one failure, are not this window's.
+                (NOW - 70_000, smg(10, 1, 2.0, 0.5)),
+                (NOW - 25_000, smg(14, 1, 2.8, 0.7)),
+                (NOW - 3_000, smg(16, 2, 3.2, 0.8)),
+            ],
+        }];
+        let worker = |url: &str, role: &str, load: f64| PeerWorker {
+            url: url.to_owned(),
+            healthy: Some(true),
+            load: Some(load),
+            role: role.to_owned(),
+        };
+        let peer_workers = vec![worker("http://p", "prefill", 1.0), worker("http://d", "decode", 3.0)];
+        let input =
+            Input { states: vec![], samples: vec![], replicas: vec![], sources: vec![], peers, peer_workers };
+        let view = build(input, NOW, args());
+        let row = view.router_figures.first().expect("SMG's row");
+        assert_eq!(
+            (row.url.as_str(), row.kind.as_str(), row.splits, row.failures),
+            ("http://smg", "smg", 6, 1)
+        );
+        // 6 splits, 1.2 s of TTFT and 0.3 s of prefill between the readings.
+        assert!(row.ttft_mean_ms.is_some_and(|ms| (ms - 200.0).abs() < 1e-6), "{row:?}");
+        assert!(row.prefill_mean_ms.is_some_and(|ms| (ms - 50.0).abs() < 1e-6), "{row:?}");
+        assert_eq!((row.transfer_mean_ms, row.decode_ttft_mean_ms), (None, None), "not timed: {row:?}");
+        assert_eq!(
+            view.reasons.iter().map(|r| (r.reason.as_str(), r.count)).collect::<Vec<_>>(),
+            [("split", 6)]
+        );
+        assert_eq!(view.over_time[3].counts.get("split"), Some(&4));
+        assert_eq!(view.over_time[5].counts.get("split"), Some(&2));
+        assert!(view.disaggregated, "its workers' roles make the fleet a P/D one");
+        assert_eq!(view.ratio.as_deref(), Some("1:1"));
+        let decode = view.roles.iter().find(|r| r.role == "decode").expect("a decode role");
+        assert_eq!((decode.replicas, decode.healthy, decode.outstanding_per_replica), (1, 1, 3.0));
+        assert!(view.notes.iter().any(|n| n.contains("smg_pd_ttft_seconds")), "{:?}", view.notes);
     }
 
     #[test]

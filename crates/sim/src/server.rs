@@ -78,13 +78,20 @@ pub async fn serve(
 
 /// The replica's routes, for embedding or testing without a socket.
 pub fn router(replica: Arc<Replica>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/version", get(|| async { Json(json!({"version": "0.12.0"})) }))
+        .route("/metrics", get(metrics));
+    // `/version` is vLLM's alone: SGLang serves none, and gateways (SMG) tell the engines apart by it.
+    let routes = match replica.flavor {
+        Flavor::Vllm | Flavor::VllmLegacy => {
+            routes.route("/version", get(|| async { Json(json!({"version": "0.12.0"})) }))
+        }
+        Flavor::Sglang => routes,
+    };
+    routes
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/server_info", get(server_info))
         .route("/get_server_info", get(server_info))
@@ -132,10 +139,14 @@ async fn metrics(State(replica): State<Arc<Replica>>) -> Response {
 async fn models(State(replica): State<Arc<Replica>>) -> Json<serde_json::Value> {
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let model = replica.model_name();
+    let owner = match replica.flavor {
+        Flavor::Vllm | Flavor::VllmLegacy => "vllm",
+        Flavor::Sglang => "sglang",
+    };
     Json(json!({
         "object": "list",
         "data": [{
-            "id": model, "object": "model", "created": created, "owned_by": "vllm", "root": model,
+            "id": model, "object": "model", "created": created, "owned_by": owner, "root": model,
             "parent": null, "max_model_len": replica.max_model_len,
         }],
     }))

@@ -1,8 +1,9 @@
 //! P/D (`#/pd`): a disaggregated fleet at a glance. Its roles and how full each is, the P:D ratio, the
-//! routers' split decisions by reason over time, and where a split request's time to first token goes
-//! (prefill leg, KV transfer, first decode token).
+//! routers' split decisions by reason over time, where a split request's time to first token goes
+//! (prefill leg, KV transfer, first decode token), and each router's own P/D figures (fleet-router's, and
+//! third-party routers' such as SMG's `smg_pd_*`).
 
-use fleetdeck_api::{CMD_PD_VIEW, PdBucket, PdRole, PdTtftSplit, PdView, PdViewArgs};
+use fleetdeck_api::{CMD_PD_VIEW, PdBucket, PdRole, PdRouterRow, PdTtftSplit, PdView, PdViewArgs};
 use leptos::prelude::*;
 
 use crate::components::{EmptyState, ErrorBanner};
@@ -104,6 +105,29 @@ fn body(v: &PdView) -> impl IntoView {
             </div>
             {ttft(&v.ttft)}
         </div>
+        {(!v.router_figures.is_empty()).then(|| view! {
+            <div class="card">
+                <div class="card-head">
+                    <h2>"Each router's own figures"</h2>
+                    <span class="card-meta">"as each router times its split requests"</span>
+                </div>
+                <table class="replicas pd-routers">
+                    <thead>
+                        <tr>
+                            <th>"Router"</th>
+                            <th class="num">"Splits"</th>
+                            <th class="num">"Failed"</th>
+                            <th class="num">"TTFT mean"</th>
+                            <th class="num">"TTFT p95"</th>
+                            <th class="num">"Prefill"</th>
+                            <th class="num">"KV transfer"</th>
+                            <th class="num">"Decode TTFT"</th>
+                        </tr>
+                    </thead>
+                    <tbody>{v.router_figures.iter().map(router_row).collect_view()}</tbody>
+                </table>
+            </div>
+        })}
         <div class="card">
             <div class="card-head">
                 <h2>"Decisions by reason"</h2>
@@ -113,6 +137,22 @@ fn body(v: &PdView) -> impl IntoView {
             {over_time(&v.over_time)}
             <ul class="notes">{notes}</ul>
         </div>
+    }
+}
+
+fn router_row(r: &PdRouterRow) -> impl IntoView {
+    let ms = |v: Option<f64>| format::duration_s(v.map(|ms| ms / 1e3));
+    view! {
+        <tr data-testid="pd-router" data-kind=r.kind.clone()>
+            <td title=r.url.clone()>{format!("{} ({})", format::short_url(&r.url), r.kind)}</td>
+            <td class="num" data-testid="pd-router-splits">{r.splits}</td>
+            <td class="num">{r.failures}</td>
+            <td class="num" data-testid="pd-router-ttft">{ms(r.ttft_mean_ms)}</td>
+            <td class="num">{ms(r.ttft_p95_ms)}</td>
+            <td class="num">{ms(r.prefill_mean_ms)}</td>
+            <td class="num">{ms(r.transfer_mean_ms)}</td>
+            <td class="num">{ms(r.decode_ttft_mean_ms)}</td>
+        </tr>
     }
 }
 

@@ -63,13 +63,40 @@ struct Entry {
     peer: Option<PeerState>,
     /// The router's cumulative P/D counters at each poll of the last [`PD_KEPT`], oldest first.
     pd_samples: std::collections::VecDeque<(i64, admin::PdCounters)>,
+    /// The same for a third-party router's own P/D figures.
+    peer_pd_samples: std::collections::VecDeque<(i64, third_party::PeerPd)>,
+}
+
+/// Appends a reading and drops those older than [`PD_KEPT`].
+fn keep_sample<T>(samples: &mut std::collections::VecDeque<(i64, T)>, now_ms: i64, reading: T) {
+    samples.push_back((now_ms, reading));
+    let oldest = now_ms - PD_KEPT.as_millis() as i64;
+    while samples.front().is_some_and(|(at, _)| *at < oldest) {
+        samples.pop_front();
+    }
+}
+
+/// The readings since `since_ms`, with one before the window so that its first increase is counted.
+fn samples_since<T: Clone>(samples: &std::collections::VecDeque<(i64, T)>, since_ms: i64) -> Vec<(i64, T)> {
+    let first = samples.iter().rposition(|(at, _)| *at < since_ms).unwrap_or(0);
+    samples.iter().skip(first).cloned().collect()
+}
+
+/// A third-party router's P/D readings over a window.
+#[derive(Debug, Clone)]
+pub struct PeerPdSamples {
+    pub url: String,
+    /// Its kind's name (`smg`).
+    pub kind: String,
+    /// Cumulative readings, oldest first, with one before the window.
+    pub samples: Vec<(i64, third_party::PeerPd)>,
 }
 
 /// What one poll of one router gave.
 enum Polled {
-    /// Boxed: a state is large beside a peer's.
+    /// Boxed, both: a fleet-router's state and a peer's (with its P/D histograms) are large.
     Fleet(Result<Box<RouterState>, String>),
-    Peer(PeerKind, Result<PeerState, String>),
+    Peer(PeerKind, Result<Box<PeerState>, String>),
 }
 
 /// Whether a failed admin call may mean "not a fleet-router" (then its `/workers` is asked).
@@ -146,6 +173,7 @@ impl Routers {
             peer_kind: None,
             peer: None,
             pd_samples: Default::default(),
+            peer_pd_samples: Default::default(),
         };
         let mut entries = lock(&self.inner.entries);
         entries.retain(|e| e.client.url != entry.client.url);
@@ -183,7 +211,7 @@ impl Routers {
                 if let Some(kind) = peer_kind {
                     return Polled::Peer(
                         *kind,
-                        third_party::probe(http, *kind, &client.url, metrics_url).await,
+                        third_party::probe(http, *kind, &client.url, metrics_url).await.map(Box::new),
                     );
                 }
                 let error = match token_error {
@@ -198,7 +226,7 @@ impl Routers {
                 {
                     return Polled::Peer(
                         kind,
-                        third_party::probe(http, kind, &client.url, metrics_url).await,
+                        third_party::probe(http, kind, &client.url, metrics_url).await.map(Box::new),
                     );
                 }
                 Polled::Fleet(Err(error.to_string()))
@@ -217,7 +245,10 @@ impl Routers {
                         entry.peer_kind = Some(kind);
                         match result {
                             Ok(peer) => {
-                                entry.peer = Some(peer);
+                                if let Some(pd) = &peer.pd {
+                                    keep_sample(&mut entry.peer_pd_samples, now_ms, pd.clone());
+                                }
+                                entry.peer = Some(*peer);
                                 entry.error = None;
                             }
                             Err(error) => entry.error = Some(error),
@@ -236,11 +267,7 @@ impl Routers {
                         }
                         entry.seen = Some(policy);
                         if let Some(pd) = &state.pd {
-                            entry.pd_samples.push_back((now_ms, pd.clone()));
-                            let oldest = now_ms - PD_KEPT.as_millis() as i64;
-                            while entry.pd_samples.front().is_some_and(|(at, _)| *at < oldest) {
-                                entry.pd_samples.pop_front();
-                            }
+                            keep_sample(&mut entry.pd_samples, now_ms, pd.clone());
                         }
                         entry.state = Some(state);
                         entry.error = None;
@@ -319,11 +346,29 @@ impl Routers {
         lock(&self.inner.entries)
             .iter()
             .filter(|e| !e.pd_samples.is_empty())
-            .map(|e| {
-                // One reading before the window too, so the window's first increase is counted.
-                let first = e.pd_samples.iter().rposition(|(at, _)| *at < since_ms).unwrap_or(0);
-                (e.client.url.clone(), e.pd_samples.iter().skip(first).cloned().collect())
+            .map(|e| (e.client.url.clone(), samples_since(&e.pd_samples, since_ms)))
+            .collect()
+    }
+
+    /// Each third-party router's own P/D figures since `since_ms`, oldest first: (URL, kind, readings).
+    pub(crate) fn peer_pd_samples_since(&self, since_ms: i64) -> Vec<PeerPdSamples> {
+        lock(&self.inner.entries)
+            .iter()
+            .filter(|e| !e.peer_pd_samples.is_empty())
+            .map(|e| PeerPdSamples {
+                url: e.client.url.clone(),
+                kind: e.peer_kind.map_or("peer", PeerKind::name).to_owned(),
+                samples: samples_since(&e.peer_pd_samples, since_ms),
             })
+            .collect()
+    }
+
+    /// The workers third-party routers list, with the P/D role they give each.
+    pub(crate) fn peer_workers(&self) -> Vec<third_party::PeerWorker> {
+        lock(&self.inner.entries)
+            .iter()
+            .filter_map(|e| e.peer.as_ref())
+            .flat_map(|p| p.workers.clone())
             .collect()
     }
 

@@ -3,11 +3,14 @@
 //! and their policy and request counts from their own Prometheus metrics (`--prometheus-port`).
 //!
 //! Detection and parsing are pure and tested on the JSON and exposition text those routers serve (shapes
-//! read from smg 1.13.0 and vllm-router 0.1.17 running over fleet-sim); [`probe`] does the bounded I/O.
+//! read from smg 1.13.0 and vllm-router 0.1.17 running over fleet-sim, and SMG's P/D metrics recorded from
+//! it disaggregating over fleet-sim's SGLang prefill and decode replicas); [`probe`] does the bounded I/O.
 //! Neither router has an API to change its policy, so the app says so rather than offering a push.
 
-use fleet_telemetry::exposition;
+use fleet_telemetry::exposition::{self, Exposition};
 use serde_json::Value;
+
+use super::admin::LegHistogram;
 
 use fleet_base::http::{BodyError, read_limited};
 
@@ -55,6 +58,9 @@ pub struct PeerWorker {
     pub healthy: Option<bool>,
     /// Requests the router counts as outstanding on it.
     pub load: Option<f64>,
+    /// Its part in P/D disaggregation as the router lists it: `prefill`, `decode`, or `both` (SMG's
+    /// `regular`, and any worker listed without a type).
+    pub role: String,
 }
 
 /// What a third-party router says about itself.
@@ -69,6 +75,25 @@ pub struct PeerState {
     pub errors_total: Option<f64>,
     /// Why the metrics could not be read (the workers still show).
     pub metrics_error: Option<String>,
+    /// Its cumulative P/D figures, when it disaggregates.
+    pub pd: Option<PeerPd>,
+}
+
+/// A third-party router's cumulative P/D figures, as it times them itself (SMG's `smg_pd_*`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeerPd {
+    /// Requests sent to a prefill worker (its prefill worker selections).
+    pub splits: u64,
+    /// Bootstrap, KV-transfer and rendezvous failures: SMG answers these as errors (no local fallback).
+    pub failures: u64,
+    /// Prefill dispatch to the first decode token.
+    pub ttft: LegHistogram,
+    /// Prefill dispatch to the end of the prefill answer.
+    pub prefill: LegHistogram,
+    /// The KV transfer, where it times it (SMG's gRPC path).
+    pub transfer: LegHistogram,
+    /// The decode side's own time to first token (SMG's gRPC path).
+    pub decode_ttft: LegHistogram,
 }
 
 /// Recognises a third-party router from its `GET /workers` body and, when that cannot tell (no workers
@@ -101,10 +126,16 @@ pub fn parse_workers(body: &[u8]) -> Result<Vec<PeerWorker>, String> {
     let mut out: Vec<PeerWorker> = workers
         .iter()
         .filter_map(|w| {
+            let role = match w.get("worker_type").and_then(Value::as_str) {
+                Some("prefill") => "prefill",
+                Some("decode") => "decode",
+                _ => "both",
+            };
             Some(PeerWorker {
                 url: w.get("url")?.as_str()?.to_owned(),
                 healthy: w.get("is_healthy").and_then(Value::as_bool),
                 load: w.get("load").and_then(Value::as_f64),
+                role: role.to_owned(),
             })
         })
         .collect();
@@ -118,6 +149,7 @@ pub struct PeerMetrics {
     pub policy: Option<String>,
     pub requests_total: Option<f64>,
     pub errors_total: Option<f64>,
+    pub pd: Option<PeerPd>,
 }
 
 /// The router's own figures from its metrics text: the policy (the `policy` label of its decision counters,
@@ -164,7 +196,50 @@ pub fn read_metrics(kind: PeerKind, text: &str) -> Result<PeerMetrics, String> {
         }
         (PeerKind::VllmRouter, None) => None,
     };
-    Ok(PeerMetrics { policy, requests_total: sum(requests), errors_total: errors })
+    let pd = match kind {
+        PeerKind::Smg => smg_pd(&parsed),
+        PeerKind::VllmRouter => None,
+    };
+    Ok(PeerMetrics { policy, requests_total: sum(requests), errors_total: errors, pd })
+}
+
+/// SMG's P/D figures: `None` unless it has selected a prefill worker or timed a P/D request.
+fn smg_pd(parsed: &Exposition) -> Option<PeerPd> {
+    let total = |name: &str| parsed.samples_named(name).map(|s| s.value).sum::<f64>() as u64;
+    let splits = parsed
+        .samples_named("smg_worker_selection_total")
+        .filter(|s| s.label("worker_type") == Some("prefill"))
+        .map(|s| s.value)
+        .sum::<f64>() as u64;
+    let pd = PeerPd {
+        splits,
+        failures: total("smg_pd_bootstrap_failures_total")
+            + total("smg_pd_kv_transfer_failures_total")
+            + total("smg_pd_rendezvous_failures_total"),
+        ttft: histogram(parsed, "smg_pd_ttft_seconds"),
+        prefill: histogram(parsed, "smg_pd_prefill_duration_seconds"),
+        transfer: histogram(parsed, "smg_pd_kv_transfer_duration_seconds"),
+        decode_ttft: histogram(parsed, "smg_pd_decode_ttft_seconds"),
+    };
+    (pd.splits > 0 || pd.ttft.count > 0 || pd.failures > 0).then_some(pd)
+}
+
+/// A histogram summed over its label sets: cumulative finite buckets, sum and count.
+fn histogram(parsed: &Exposition, name: &str) -> LegHistogram {
+    let mut buckets: Vec<(f64, u64)> = Vec::new();
+    for sample in parsed.samples_named(&format!("{name}_bucket")) {
+        let Some(le) = sample.label("le").and_then(|le| le.parse::<f64>().ok()).filter(|le| le.is_finite())
+        else {
+            continue;
+        };
+        match buckets.iter_mut().find(|(bound, _)| *bound == le) {
+            Some((_, n)) => *n += sample.value as u64,
+            None => buckets.push((le, sample.value as u64)),
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let sum = |suffix: &str| parsed.samples_named(&format!("{name}_{suffix}")).map(|s| s.value).sum::<f64>();
+    LegHistogram { buckets, sum_s: sum("sum"), count: sum("count") as u64 }
 }
 
 /// GETs `url` within the deadline and size cap; the body of a 2xx answer.
@@ -209,6 +284,7 @@ pub async fn probe(
         requests_total: None,
         errors_total: None,
         metrics_error: None,
+        pd: None,
     };
     match metrics_url {
         None => {
@@ -225,6 +301,10 @@ pub async fn probe(
                 state.policy = metrics.policy;
                 state.requests_total = metrics.requests_total;
                 state.errors_total = metrics.errors_total;
+                // A router with prefill workers disaggregates: a zero reading before its first split lets
+                // the P/D view count that split.
+                let disaggregates = state.workers.iter().any(|w| w.role == "prefill");
+                state.pd = metrics.pd.or_else(|| disaggregates.then(PeerPd::default));
             }
             Err(error) => state.metrics_error = Some(format!("metrics {url}: {error}")),
         },
@@ -274,6 +354,7 @@ mod tests {
             policy: Some(policy.into()),
             requests_total: Some(requests),
             errors_total: Some(errors),
+            pd: None,
         }
     }
 
@@ -301,5 +382,43 @@ mod tests {
                 .unwrap_err()
                 .contains("--prometheus-port")
         );
+    }
+
+    /// SMG 1.13.0 in P/D mode (`--pd-disaggregation`, one SGLang prefill and one decode replica of fleet-sim)
+    /// after three requests: its whole exposition, as recorded.
+    const SMG_PD: &str = include_str!("fixtures/smg-1.13.0-pd.prom");
+
+    #[test]
+    fn smg_p_d_figures_come_from_its_own_histograms_and_worker_selections() {
+        let metrics = read_metrics(PeerKind::Smg, SMG_PD).unwrap();
+        assert_eq!(metrics.policy.as_deref(), Some("round_robin"));
+        let pd = metrics.pd.expect("SMG disaggregated");
+        assert_eq!((pd.splits, pd.failures), (3, 0));
+        assert_eq!((pd.ttft.count, pd.prefill.count), (3, 3));
+        assert!((pd.ttft.sum_s - 0.161_621_278).abs() < 1e-9, "{pd:?}");
+        assert!(pd.prefill.sum_s < pd.ttft.sum_s, "the prefill is part of the TTFT: {pd:?}");
+        // Cumulative finite buckets: +Inf is the count, not a bucket.
+        assert!(pd.ttft.buckets.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1), "{pd:?}");
+        assert_eq!(pd.ttft.buckets.last().map(|b| b.1), Some(3));
+        assert!(pd.ttft.buckets.iter().all(|b| b.0.is_finite()));
+        // Over HTTP SMG times neither the transfer nor the decode side alone: said as empty, not zero.
+        assert_eq!((pd.transfer.count, pd.decode_ttft.count), (0, 0));
+        // A router that does not disaggregate has no P/D figures.
+        let plain = "smg_worker_selection_total{worker_type=\"regular\",policy=\"cache_aware\"} 7\n";
+        assert_eq!(read_metrics(PeerKind::Smg, plain).unwrap().pd, None);
+        let failing = "smg_worker_selection_total{worker_type=\"prefill\",policy=\"random\"} 2\n\
+            smg_pd_bootstrap_failures_total{model=\"m\"} 1\nsmg_pd_kv_transfer_failures_total 2\n";
+        let pd = read_metrics(PeerKind::Smg, failing).unwrap().pd.unwrap();
+        assert_eq!((pd.splits, pd.failures), (2, 3));
+    }
+
+    #[test]
+    fn smg_workers_carry_their_p_d_role() {
+        let body = br#"{"workers":[{"id":"a","url":"http://p:1","worker_type":"prefill","bootstrap_port":1},
+            {"id":"b","url":"http://d:1","worker_type":"decode"},{"id":"c","url":"http://r:1","worker_type":"regular"},
+            {"url":"http://x:1"}],"total":4,"stats":{}}"#;
+        let roles: Vec<String> = parse_workers(body).unwrap().into_iter().map(|w| w.role).collect();
+        // Sorted by URL.
+        assert_eq!(roles, ["decode", "prefill", "both", "both"].map(String::from));
     }
 }

@@ -1,15 +1,19 @@
 //! A real SGLang Model Gateway (`smg` 1.13.0, installed by `cargo xtask setup --test`) over fleet-sim
 //! replicas, added to the app as a router: it is recognised, listed read-only with its workers, and its
-//! policy and request count come from its own metrics once it has routed a request.
+//! policy and request count come from its own metrics once it has routed a request. In P/D mode over
+//! fleet-sim's SGLang prefill and decode replicas, its own P/D figures and its workers' roles reach the app's
+//! P/D view.
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use fleet_sim::pd::{PdConfig, Role};
+use fleet_sim::{Flavor, ModelConfig};
 use fleet_test_support::process::ChildProcess;
 use fleet_test_support::webdriver::free_port;
 use fleet_test_support::{eventually, spawn_sim};
-use fleetdeck_api::{DecisionsArgs, HeatMapArgs, RouterSource};
+use fleetdeck_api::{DecisionsArgs, HeatMapArgs, PdViewArgs, RouterSource};
 use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -91,5 +95,92 @@ async fn an_smg_gateway_shows_as_a_read_only_router_with_its_workers_policy_and_
     assert_eq!(routed.errors_total, listed.errors_total, "{routed:?}");
     // Views that need fleet-router's admin API skip it rather than fail.
     control.routers().decisions(DecisionsArgs { limit: 10 }).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn smg_disaggregating_over_sglang_replicas_shows_its_own_figures_in_the_p_d_view() -> Result<()> {
+    let sglang = |role| ModelConfig {
+        flavor: Flavor::Sglang,
+        pd: PdConfig { role, ..PdConfig::default() },
+        ..ModelConfig::default()
+    };
+    let prefill = spawn_sim(1, sglang(Role::Prefill)).await?;
+    let decode = spawn_sim(1, sglang(Role::Decode)).await?;
+    // fleet-sim serves an SGLang prefill replica's bootstrap (its KV pulls) on its HTTP port.
+    let bootstrap = prefill.fleet.replicas[0].addr.port().to_string();
+    let (port, metrics_port) = (free_port()?, free_port()?);
+    let mut smg = tokio::process::Command::new(std::env::var("SMG_BIN").unwrap_or_else(|_| "smg".into()));
+    smg.args(["launch", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &metrics_port.to_string()])
+        .args(["--pd-disaggregation", "--policy", "round_robin", "--log-level", "warn"])
+        .args(["--prefill", &prefill.urls()[0], &bootstrap, "--decode", &decode.urls()[0]])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    let _smg = ChildProcess::spawn(&mut smg)
+        .context("cannot start `smg` (SGLang's gateway, PyPI smg==1.13.0); run `cargo xtask setup --test`")?;
+    let url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    eventually("smg to be ready", Duration::from_secs(60), || async {
+        Ok(client.get(format!("{url}/readiness")).send().await?.status().is_success().then_some(()))
+    })
+    .await?;
+
+    let dir = tempfile::tempdir()?;
+    let replicas = vec![prefill.urls()[0].clone(), decode.urls()[0].clone()];
+    let mut config = ControlConfig::new(replicas, dir.path().join("history.sqlite"));
+    config.routers = vec![RouterTarget {
+        url: url.clone(),
+        token: None,
+        token_file: None,
+        metrics_url: Some(format!("http://127.0.0.1:{metrics_port}/metrics")),
+    }];
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(config, stop).await?;
+    let view = || {
+        let control = control.clone();
+        async move { control.disagg().view(PdViewArgs { window_s: 120, bucket_s: 10 }).await }
+    };
+    // Before any request: its workers' roles make a 1:1 P/D fleet, and its row reads zero.
+    eventually("smg's row and roles in the P/D view", Duration::from_secs(30), || async {
+        let v = view().await?;
+        let ready = v.ratio.as_deref() == Some("1:1") && v.router_figures.iter().any(|r| r.kind == "smg");
+        Ok(ready.then_some(()))
+    })
+    .await?;
+
+    // Three long prompts through SMG: SMG sends each to both, the decode replica pulls the prompt's KV.
+    for n in 0..3 {
+        let prompt = format!("request {n} of a shared document; ").repeat(60);
+        let body = json!({"model": fleet_sim::DEFAULT_MODEL, "prompt": prompt, "max_tokens": 3});
+        let answer: serde_json::Value = client
+            .post(format!("{url}/v1/completions"))
+            .json(&body)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        assert!(cached > 0, "the decode replica pulled the KV from the prefill replica: {answer}");
+    }
+    let seen = eventually("smg's three splits in the P/D view", Duration::from_secs(30), || async {
+        let v = view().await?;
+        let row = v.router_figures.iter().find(|r| r.kind == "smg").cloned();
+        Ok(row.filter(|r| r.splits == 3 && r.ttft_mean_ms.is_some()).map(|row| (row, v)))
+    })
+    .await?;
+    let (row, v) = seen;
+    assert_eq!((row.url.as_str(), row.failures), (url.as_str(), 0), "{row:?}");
+    let (ttft, prefill_ms) = (row.ttft_mean_ms.unwrap_or(0.0), row.prefill_mean_ms.context("prefill")?);
+    assert!(prefill_ms > 0.0 && prefill_ms <= ttft, "the prefill is part of SMG's TTFT: {row:?}");
+    assert_eq!(v.reasons.iter().find(|r| r.reason == "split").map(|r| r.count), Some(3), "{v:?}");
+    let bucketed: u64 = v.over_time.iter().filter_map(|b| b.counts.get("split")).sum();
+    assert_eq!(bucketed, 3);
+    assert!(v.notes.iter().any(|n| n.contains("smg_pd_ttft_seconds")), "{:?}", v.notes);
+    let decode_role = v.roles.iter().find(|r| r.role == "decode").context("the decode role")?;
+    assert_eq!((decode_role.replicas, decode_role.healthy), (1, 1));
     Ok(())
 }

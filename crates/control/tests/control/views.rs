@@ -386,7 +386,12 @@ async fn the_pd_view_counts_decisions_by_reason_and_splits_ttft_into_its_legs() 
     );
     assert!(leg > 0.0 && first_byte > 0.0 && transfer > 0.0, "{t:?}");
     assert!(t.prefill_leg_p95_ms.is_some_and(|p95| p95 >= leg * 0.5), "{t:?}");
-    assert_eq!(t.first_decode_token_mean_ms, Some((first_byte - transfer).max(0.0)));
+    // The router times the decode side from arrival: the decode leg is what follows the prefill leg.
+    assert!(first_byte >= leg, "the first byte comes after the prefill leg: {t:?}");
+    assert_eq!(t.decode_leg_mean_ms, Some(first_byte - leg));
+    assert_eq!(t.first_decode_token_mean_ms, Some((first_byte - leg - transfer).max(0.0)));
+    let row = view.router_figures.first().context("the router's own row")?;
+    assert_eq!((row.kind.as_str(), row.splits), ("fleet-router", count("split")), "{row:?}");
     let decode_role = view.roles.iter().find(|r| r.role == "decode").context("the decode role")?;
     assert_eq!((decode_role.replicas, decode_role.healthy), (1, 1));
     assert!(decode_role.kv_usage.is_some() && decode_role.transfer_ms.is_some(), "{decode_role:?}");
