@@ -268,8 +268,24 @@ pub fn pd_reason(reason: &str) -> String {
         "prefill_pool_busy" => "prefill pool busy".to_owned(),
         "no_prefill_replica" => "no prefill replica".to_owned(),
         "transfer_failed" => "transfer failed, local".to_owned(),
+        "local" => "local (reason not given)".to_owned(),
         other => other.replace('_', " "),
     }
+}
+
+/// A worker type as a router reports it: "prefill: 2 workers, 500 prefill tokens, last TTFT 120 ms".
+pub fn worker_type(t: &fleetdeck_api::PdWorkerType) -> String {
+    let mut parts = vec![format!("{} worker{}", t.workers, if t.workers == 1 { "" } else { "s" })];
+    if let Some(tokens) = t.active_prefill_tokens {
+        parts.push(format!("{tokens:.0} prefill tokens"));
+    }
+    if let Some(blocks) = t.active_decode_blocks {
+        parts.push(format!("{blocks:.0} decode blocks"));
+    }
+    if let Some(ms) = t.last_ttft_ms {
+        parts.push(format!("last TTFT {}", duration_s(Some(ms / 1e3))));
+    }
+    format!("{}: {}", t.worker_type, parts.join(", "))
 }
 
 /// The shares of a split request's TTFT, as `(label, ms)` in order: the prefill leg, the KV transfer and the
@@ -345,6 +361,24 @@ mod tests {
             ttft_legs(&t),
             [("prefill leg", 30.0), ("KV transfer", 8.0), ("first decode token", 42.0)]
         );
+    }
+
+    #[test]
+    fn worker_types_say_what_the_router_reports_and_nothing_more() {
+        let t = fleetdeck_api::PdWorkerType {
+            worker_type: "prefill".to_owned(),
+            workers: 2,
+            active_prefill_tokens: Some(500.0),
+            active_decode_blocks: None,
+            last_ttft_ms: Some(120.0),
+        };
+        assert_eq!(worker_type(&t), "prefill: 2 workers, 500 prefill tokens, last TTFT 120 ms");
+        let one = fleetdeck_api::PdWorkerType {
+            worker_type: "decode".to_owned(),
+            workers: 1,
+            ..Default::default()
+        };
+        assert_eq!(worker_type(&one), "decode: 1 worker");
     }
 
     #[test]

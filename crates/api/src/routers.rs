@@ -455,4 +455,25 @@ pub struct PdRouterRow {
     pub transfer_mean_ms: Option<f64>,
     /// The decode side's own time to its first token, where the router times it (SMG's gRPC path).
     pub decode_ttft_mean_ms: Option<f64>,
+    /// Requests it served without a split in the window, where it counts them (fleet-router's local
+    /// decisions; llm-d's `decode-only`).
+    #[serde(default)]
+    pub local: u64,
+    /// Its workers by type as it reports them now (Dynamo's per-worker gauges).
+    #[serde(default)]
+    pub worker_types: Vec<PdWorkerType>,
+}
+
+/// One worker type's figures as a router reports them (Dynamo's `dynamo_frontend_worker_*` gauges).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PdWorkerType {
+    /// `prefill` or `decode`.
+    pub worker_type: String,
+    pub workers: u32,
+    /// Prefill tokens queued or running on them, summed.
+    pub active_prefill_tokens: Option<f64>,
+    /// KV blocks their decodes hold, summed.
+    pub active_decode_blocks: Option<f64>,
+    /// Mean of each worker's latest time to first token, ms.
+    pub last_ttft_ms: Option<f64>,
 }

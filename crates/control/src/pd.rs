@@ -18,8 +18,8 @@
 use std::collections::BTreeMap;
 
 use fleetdeck_api::{
-    ApiError, PdBucket, PdReasonCount, PdRole, PdRouterRow, PdTtftSplit, PdView, PdViewArgs, ReplicaRow,
-    RouterSource,
+    ApiError, PdBucket, PdReasonCount, PdRole, PdRouterRow, PdTtftSplit, PdView, PdViewArgs, PdWorkerType,
+    ReplicaRow, RouterSource,
 };
 
 use crate::fleet::Fleet;
@@ -125,8 +125,11 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
                 if added > 0 {
                     *over_time[slot].entry(reason.clone()).or_default() += added;
                     *totals.entry(reason.clone()).or_default() += added;
-                    if reason == "split" {
-                        row.splits += added;
+                    match reason.as_str() {
+                        "split" => row.splits += added,
+                        // Counted on top of the split it undid.
+                        "transfer_failed" => {}
+                        _ => row.local += added,
                     }
                 }
             }
@@ -153,11 +156,31 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
                 *totals.entry("split".to_owned()).or_default() += added;
                 row.splits += added;
             }
+            let kept = increase(before.local, after.local);
+            if kept > 0 {
+                // Served without a split, for a reason the router does not give (llm-d's decode-only).
+                *over_time[slot_of(*at)].entry("local".to_owned()).or_default() += kept;
+                *totals.entry("local".to_owned()).or_default() += kept;
+                row.local += kept;
+            }
             row.failures += increase(before.failures, after.failures);
             add_delta(&mut row.ttft, &before.ttft, &after.ttft);
             add_delta(&mut row.prefill, &before.prefill, &after.prefill);
             add_delta(&mut row.transfer, &before.transfer, &after.transfer);
             add_delta(&mut row.decode_ttft, &before.decode_ttft, &after.decode_ttft);
+        }
+        if let Some((_, latest)) = peer.samples.last() {
+            row.worker_types = latest
+                .worker_types
+                .iter()
+                .map(|t| PdWorkerType {
+                    worker_type: t.worker_type.clone(),
+                    workers: t.workers,
+                    active_prefill_tokens: t.active_prefill_tokens,
+                    active_decode_blocks: t.active_decode_blocks,
+                    last_ttft_ms: t.last_ttft_s.map(|s| s * 1e3),
+                })
+                .collect();
         }
         router_figures.push(row.into_row(&peer.url, &peer.kind));
     }
@@ -211,8 +234,9 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
     if router_figures.iter().any(|r| r.kind != "fleet-router") {
         notes.push(
             "Third-party routers' rows are their own figures as they time them (SMG: smg_pd_ttft_seconds, \
-             smg_pd_prefill_duration_seconds, and over gRPC its KV transfer and decode TTFT); their splits \
-             count in the decisions over time."
+             smg_pd_prefill_duration_seconds, and over gRPC its KV transfer and decode TTFT; llm-d: its \
+             decision counters; Dynamo: its per-worker gauges by worker_type); their splits count in the \
+             decisions over time, and llm-d's decode-only decisions as local."
                 .to_owned(),
         );
     }
@@ -258,7 +282,9 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
 #[derive(Default)]
 struct RouterWindow {
     splits: u64,
+    local: u64,
     failures: u64,
+    worker_types: Vec<PdWorkerType>,
     ttft: LegHistogram,
     prefill: LegHistogram,
     transfer: LegHistogram,
@@ -277,6 +303,8 @@ impl RouterWindow {
             prefill_mean_ms: mean_ms(&self.prefill),
             transfer_mean_ms: mean_ms(&self.transfer),
             decode_ttft_mean_ms: mean_ms(&self.decode_ttft),
+            local: self.local,
+            worker_types: self.worker_types,
         }
     }
 }
@@ -579,7 +607,7 @@ mod tests {
         assert!(t.first_decode_token_mean_ms.is_some_and(|ms| (ms - 40.0).abs() < 1e-9), "{t:?}");
         // Each router's own row: its splits and legs.
         let r2 = view.router_figures.iter().find(|r| r.url == "http://r2").expect("r2's row");
-        assert_eq!((r2.kind.as_str(), r2.splits, r2.failures), ("fleet-router", 5, 0));
+        assert_eq!((r2.kind.as_str(), r2.splits, r2.local, r2.failures), ("fleet-router", 5, 0, 0));
         assert!(r2.prefill_mean_ms.is_some_and(|ms| (ms - 110.0).abs() < 1e-9), "{r2:?}");
         assert!(r2.ttft_mean_ms.is_some_and(|ms| (ms - 140.0).abs() < 1e-9), "{r2:?}");
         assert_eq!(r2.transfer_mean_ms, None, "fleet-router leaves the transfer to the engines");
@@ -670,6 +698,52 @@ mod tests {
         let decode = view.roles.iter().find(|r| r.role == "decode").expect("a decode role");
         assert_eq!((decode.replicas, decode.healthy, decode.outstanding_per_replica), (1, 1, 3.0));
         assert!(view.notes.iter().any(|n| n.contains("smg_pd_ttft_seconds")), "{:?}", view.notes);
+    }
+
+    #[test]
+    fn llm_d_decode_only_decisions_count_as_local_and_dynamo_worker_types_show_as_they_stand() {
+        use crate::routers::third_party::{PeerPd, WorkerTypeFigures};
+        let llm_d = |splits: u64, local: u64| PeerPd { splits, local, ..PeerPd::default() };
+        let prefill = |tokens: f64| WorkerTypeFigures {
+            worker_type: "prefill".to_owned(),
+            workers: 2,
+            active_prefill_tokens: Some(tokens),
+            last_ttft_s: Some(0.25),
+            ..WorkerTypeFigures::default()
+        };
+        let dynamo = |tokens: f64| PeerPd { worker_types: vec![prefill(tokens)], ..PeerPd::default() };
+        let peers = vec![
+            PeerPdSamples {
+                url: "http://epp".to_owned(),
+                kind: "llm-d".to_owned(),
+                samples: vec![(NOW - 30_000, llm_d(1, 1)), (NOW - 5_000, llm_d(3, 6))],
+            },
+            PeerPdSamples {
+                url: "http://dynamo".to_owned(),
+                kind: "dynamo".to_owned(),
+                samples: vec![(NOW - 30_000, dynamo(10.0)), (NOW - 5_000, dynamo(700.0))],
+            },
+        ];
+        let input = Input {
+            states: vec![],
+            samples: vec![],
+            replicas: vec![],
+            sources: vec![],
+            peers,
+            peer_workers: vec![],
+        };
+        let view = build(input, NOW, args());
+        let got: Vec<(&str, u64)> = view.reasons.iter().map(|r| (r.reason.as_str(), r.count)).collect();
+        assert_eq!(got, [("local", 5), ("split", 2)]);
+        let epp = view.router_figures.iter().find(|r| r.kind == "llm-d").expect("llm-d's row");
+        assert_eq!((epp.splits, epp.local), (2, 5));
+        let dyn_row = view.router_figures.iter().find(|r| r.kind == "dynamo").expect("Dynamo's row");
+        let types: Vec<(&str, u32, Option<f64>, Option<f64>)> = dyn_row
+            .worker_types
+            .iter()
+            .map(|t| (t.worker_type.as_str(), t.workers, t.active_prefill_tokens, t.last_ttft_ms))
+            .collect();
+        assert_eq!(types, [("prefill", 2, Some(700.0), Some(250.0))], "the latest reading, not a sum");
     }
 
     #[test]

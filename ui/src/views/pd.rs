@@ -15,13 +15,14 @@ const POLL_INTERVAL_MS: f64 = 2_000.0;
 /// Window and bucket width: 5 minutes in 10 s bars, 15 minutes in 30 s bars.
 const WINDOWS: [(u32, u32, &str); 2] = [(300, 10, "5 min"), (900, 30, "15 min")];
 /// Reasons in a fixed order, so each keeps its colour (`pd-reason-N` in the stylesheet).
-const REASONS: [&str; 6] = [
+const REASONS: [&str; 7] = [
     "split",
     "short_prompt",
     "cached_at_decode",
     "prefill_pool_busy",
     "no_prefill_replica",
     "transfer_failed",
+    "local",
 ];
 
 #[component]
@@ -116,6 +117,7 @@ fn body(v: &PdView) -> impl IntoView {
                         <tr>
                             <th>"Router"</th>
                             <th class="num">"Splits"</th>
+                            <th class="num">"Local"</th>
                             <th class="num">"Failed"</th>
                             <th class="num">"TTFT mean"</th>
                             <th class="num">"TTFT p95"</th>
@@ -144,8 +146,14 @@ fn router_row(r: &PdRouterRow) -> impl IntoView {
     let ms = |v: Option<f64>| format::duration_s(v.map(|ms| ms / 1e3));
     view! {
         <tr data-testid="pd-router" data-kind=r.kind.clone()>
-            <td title=r.url.clone()>{format!("{} ({})", format::short_url(&r.url), r.kind)}</td>
+            <td title=r.url.clone()>
+                {format!("{} ({})", format::short_url(&r.url), r.kind)}
+                {r.worker_types.iter().map(|t| view! {
+                    <div class="card-meta" data-testid="pd-worker-type">{format::worker_type(t)}</div>
+                }).collect_view()}
+            </td>
             <td class="num" data-testid="pd-router-splits">{r.splits}</td>
+            <td class="num">{r.local}</td>
             <td class="num">{r.failures}</td>
             <td class="num" data-testid="pd-router-ttft">{ms(r.ttft_mean_ms)}</td>
             <td class="num">{ms(r.ttft_p95_ms)}</td>

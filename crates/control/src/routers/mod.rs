@@ -222,7 +222,7 @@ impl Routers {
                     },
                 };
                 if maybe_third_party(&error)
-                    && let Some(kind) = third_party::detect_at(http, &client.url).await
+                    && let Some(kind) = third_party::detect_at(http, &client.url, metrics_url).await
                 {
                     return Polled::Peer(
                         kind,

@@ -1,6 +1,14 @@
-//! Routers other than fleet-router that operators run today: SGLang's Shepherd Model Gateway (`smg`) and
-//! `vllm-router`. The app shows them beside its own routers, read-only: their workers from `GET /workers`,
-//! and their policy and request counts from their own Prometheus metrics (`--prometheus-port`).
+//! Routers other than fleet-router that operators run today: SGLang's Shepherd Model Gateway (`smg`),
+//! `vllm-router`, llm-d's inference scheduler (its endpoint picker, EPP) and Dynamo's frontend. The app
+//! shows them beside its own routers, read-only: SMG's and vllm-router's workers from `GET /workers`, and
+//! every one's policy, request counts and P/D figures from its own Prometheus metrics. llm-d's EPP and
+//! Dynamo's frontend have no worker list the app can read, so they are known by their metrics alone: llm-d
+//! by its P/D decision counters (`llm_d_inference_scheduler_pd_decision_total`, newer
+//! `..._disagg_decision_total`), Dynamo by its per-worker gauges labelled `worker_type`
+//! (`dynamo_frontend_worker_active_prefill_tokens`, `..._active_decode_blocks`,
+//! `..._last_time_to_first_token_seconds`). Their names are read from their sources (llm-d
+//! `pkg/metrics`, Dynamo `prometheus_names.rs` and `kv_router` worker monitor); neither runs here, so their
+//! fixtures are written from those names, and say so.
 //!
 //! Detection and parsing are pure and tested on the JSON and exposition text those routers serve (shapes
 //! read from smg 1.13.0 and vllm-router 0.1.17 running over fleet-sim, and SMG's P/D metrics recorded from
@@ -24,6 +32,10 @@ const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
 pub enum PeerKind {
     Smg,
     VllmRouter,
+    /// llm-d's inference scheduler (the EPP behind its gateway).
+    LlmD,
+    /// Dynamo's HTTP frontend (its router inside).
+    Dynamo,
 }
 
 impl PeerKind {
@@ -31,14 +43,21 @@ impl PeerKind {
         match self {
             PeerKind::Smg => "smg",
             PeerKind::VllmRouter => "vllm-router",
+            PeerKind::LlmD => "llm-d",
+            PeerKind::Dynamo => "dynamo",
         }
+    }
+
+    /// Whether it lists its workers at `GET /workers` (else they come from its metrics, if at all).
+    fn lists_workers(self) -> bool {
+        matches!(self, PeerKind::Smg | PeerKind::VllmRouter)
     }
 
     /// Why the app cannot change this router's policy, shown in place of a push.
     pub fn read_only_reason(self) -> String {
         format!(
-            "read-only: {} has no API to change its routing policy (it is set by --policy at launch), so the app \
-             only reads its workers and metrics",
+            "read-only: {} has no API to change its routing policy (it is set at launch), so the app only reads \
+             its workers and metrics",
             self.name()
         )
     }
@@ -47,6 +66,8 @@ impl PeerKind {
         match self {
             PeerKind::Smg => "smg_",
             PeerKind::VllmRouter => "vllm_router_",
+            PeerKind::LlmD => "llm_d_inference_scheduler_",
+            PeerKind::Dynamo => "dynamo_frontend_",
         }
     }
 }
@@ -94,6 +115,23 @@ pub struct PeerPd {
     pub transfer: LegHistogram,
     /// The decode side's own time to first token (SMG's gRPC path).
     pub decode_ttft: LegHistogram,
+    /// Requests it decided to serve without a split, where it counts them (llm-d's `decode-only`).
+    pub local: u64,
+    /// Its workers' figures by `worker_type` (Dynamo's per-worker gauges), as they stand.
+    pub worker_types: Vec<WorkerTypeFigures>,
+}
+
+/// One worker type's gauges as a Dynamo frontend reports them, summed (tokens, blocks) or averaged (TTFT)
+/// over its workers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkerTypeFigures {
+    /// `prefill` or `decode`.
+    pub worker_type: String,
+    pub workers: u32,
+    pub active_prefill_tokens: Option<f64>,
+    pub active_decode_blocks: Option<f64>,
+    /// Mean over its workers of the latest time to first token each saw, seconds.
+    pub last_ttft_s: Option<f64>,
 }
 
 /// Recognises a third-party router from its `GET /workers` body and, when that cannot tell (no workers
@@ -150,6 +188,14 @@ pub struct PeerMetrics {
     pub requests_total: Option<f64>,
     pub errors_total: Option<f64>,
     pub pd: Option<PeerPd>,
+    /// Workers known from its metrics (Dynamo's per-worker gauges), for routers with no worker list.
+    pub workers: Vec<PeerWorker>,
+}
+
+/// Which third-party router a metrics text comes from, for routers known by their metrics alone.
+pub fn detect_metrics(text: &str) -> Option<PeerKind> {
+    let parsed = exposition::parse(text).ok()?;
+    [PeerKind::LlmD, PeerKind::Dynamo].into_iter().find(|kind| parsed.has_prefix(kind.metric_prefix()))
 }
 
 /// The router's own figures from its metrics text: the policy (the `policy` label of its decision counters,
@@ -169,6 +215,8 @@ pub fn read_metrics(kind: PeerKind, text: &str) -> Result<PeerMetrics, String> {
             "vllm_router_requests_total",
             Some("vllm_router_request_errors_total"),
         ),
+        PeerKind::LlmD => return Ok(llm_d_metrics(&parsed)),
+        PeerKind::Dynamo => return Ok(dynamo_metrics(&parsed)),
     };
     let mut by_policy: Vec<(String, f64)> = Vec::new();
     for sample in parsed.samples_named(decisions) {
@@ -194,13 +242,100 @@ pub fn read_metrics(kind: PeerKind, text: &str) -> Result<PeerMetrics, String> {
                 .peekable();
             Some(if samples.peek().is_some() { samples.map(|s| s.value).sum() } else { 0.0 })
         }
-        (PeerKind::VllmRouter, None) => None,
+        (PeerKind::VllmRouter | PeerKind::LlmD | PeerKind::Dynamo, None) => None,
     };
     let pd = match kind {
         PeerKind::Smg => smg_pd(&parsed),
-        PeerKind::VllmRouter => None,
+        _ => None,
     };
-    Ok(PeerMetrics { policy, requests_total: sum(requests), errors_total: errors, pd })
+    Ok(PeerMetrics { policy, requests_total: sum(requests), errors_total: errors, pd, workers: Vec::new() })
+}
+
+/// llm-d's EPP: its P/D decisions by `decision_type` (the newer `disagg_decision_total` when it has one,
+/// which also counts encode stages; else `pd_decision_total`). A decision with a prefill stage is a split.
+fn llm_d_metrics(parsed: &Exposition) -> PeerMetrics {
+    const PREFIX: &str = "llm_d_inference_scheduler_";
+    let newer = format!("{PREFIX}disagg_decision_total");
+    let name = if parsed.has(&newer) { newer } else { format!("{PREFIX}pd_decision_total") };
+    let (mut splits, mut local) = (0.0, 0.0);
+    let mut seen = false;
+    for sample in parsed.samples_named(&name) {
+        seen = true;
+        match sample.label("decision_type") {
+            Some(kind) if kind.contains("prefill") => splits += sample.value,
+            _ => local += sample.value,
+        }
+    }
+    let pd = seen.then(|| PeerPd { splits: splits as u64, local: local as u64, ..PeerPd::default() });
+    PeerMetrics { requests_total: seen.then_some(splits + local), pd, ..PeerMetrics::default() }
+}
+
+/// Dynamo's frontend: requests by status, its TTFT histogram, and its workers by `worker_type` from the
+/// per-worker gauges (each worker once per `worker_id`, whatever its data-parallel ranks).
+fn dynamo_metrics(parsed: &Exposition) -> PeerMetrics {
+    let requests: Vec<&exposition::Sample> = parsed.samples_named("dynamo_frontend_requests_total").collect();
+    let requests_total = (!requests.is_empty()).then(|| requests.iter().map(|s| s.value).sum::<f64>());
+    let errors_total = (!requests.is_empty()).then(|| {
+        requests.iter().filter(|s| s.label("status").is_some_and(|v| v != "success")).map(|s| s.value).sum()
+    });
+    // worker_type -> worker_id -> (prefill tokens, decode blocks, last TTFT)
+    type Gauges = (Option<f64>, Option<f64>, Option<f64>);
+    let mut by_type: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Gauges>> =
+        Default::default();
+    let gauges = [
+        "dynamo_frontend_worker_active_prefill_tokens",
+        "dynamo_frontend_worker_active_decode_blocks",
+        "dynamo_frontend_worker_last_time_to_first_token_seconds",
+    ];
+    for (slot, name) in gauges.into_iter().enumerate() {
+        for sample in parsed.samples_named(name) {
+            let (Some(kind), Some(worker)) = (sample.label("worker_type"), sample.label("worker_id")) else {
+                continue;
+            };
+            let entry = by_type.entry(kind.to_owned()).or_default().entry(worker.to_owned()).or_default();
+            let field = match slot {
+                0 => &mut entry.0,
+                1 => &mut entry.1,
+                _ => &mut entry.2,
+            };
+            *field = Some(match (slot, *field) {
+                // The latest TTFT of a worker with several ranks: its slowest rank's.
+                (2, Some(seen)) => seen.max(sample.value),
+                (_, seen) => seen.unwrap_or(0.0) + sample.value,
+            });
+        }
+    }
+    let mut workers = Vec::new();
+    let worker_types: Vec<WorkerTypeFigures> = by_type
+        .into_iter()
+        .map(|(worker_type, members)| {
+            let sum = |pick: fn(&Gauges) -> Option<f64>| {
+                members.values().filter_map(pick).fold(None, |acc, v| Some(acc.unwrap_or(0.0) + v))
+            };
+            let ttfts: Vec<f64> = members.values().filter_map(|g| g.2).collect();
+            let role = match worker_type.as_str() {
+                "prefill" | "decode" => worker_type.clone(),
+                _ => "both".to_owned(),
+            };
+            workers.extend(members.keys().map(|id| PeerWorker {
+                url: format!("dynamo worker {id}"),
+                healthy: Some(true),
+                load: None,
+                role: role.clone(),
+            }));
+            WorkerTypeFigures {
+                workers: members.len() as u32,
+                active_prefill_tokens: sum(|g| g.0),
+                active_decode_blocks: sum(|g| g.1),
+                last_ttft_s: (!ttfts.is_empty()).then(|| ttfts.iter().sum::<f64>() / ttfts.len() as f64),
+                worker_type,
+            }
+        })
+        .collect();
+    let ttft = histogram(parsed, "dynamo_frontend_time_to_first_token_seconds");
+    let disaggregated = worker_types.iter().any(|t| t.worker_type == "prefill");
+    let pd = disaggregated.then(|| PeerPd { ttft, worker_types, ..PeerPd::default() });
+    PeerMetrics { requests_total, errors_total, pd, workers, ..PeerMetrics::default() }
 }
 
 /// SMG's P/D figures: `None` unless it has selected a prefill worker or timed a P/D request.
@@ -220,6 +355,7 @@ fn smg_pd(parsed: &Exposition) -> Option<PeerPd> {
         prefill: histogram(parsed, "smg_pd_prefill_duration_seconds"),
         transfer: histogram(parsed, "smg_pd_kv_transfer_duration_seconds"),
         decode_ttft: histogram(parsed, "smg_pd_decode_ttft_seconds"),
+        ..PeerPd::default()
     };
     (pd.splits > 0 || pd.ttft.count > 0 || pd.failures > 0).then_some(pd)
 }
@@ -256,14 +392,25 @@ async fn get(http: &reqwest::Client, url: &str) -> Result<Vec<u8>, String> {
     tokio::time::timeout(TIMEOUT, work).await.unwrap_or_else(|_| Err(format!("no answer within {TIMEOUT:?}")))
 }
 
-/// Asks `base_url` whether it is a third-party router; None if `/workers` is not one of theirs.
-pub async fn detect_at(http: &reqwest::Client, base_url: &str) -> Option<PeerKind> {
-    let body = get(http, &format!("{base_url}/workers")).await.ok()?;
-    if let Some(kind) = detect(&body, None) {
-        return Some(kind);
+/// Asks `base_url` whether it is a third-party router: by its `/workers` (SMG, vllm-router), else by its
+/// metrics at `metrics_url` (llm-d's EPP, Dynamo's frontend); None if neither is one of theirs.
+pub async fn detect_at(
+    http: &reqwest::Client,
+    base_url: &str,
+    metrics_url: Option<&str>,
+) -> Option<PeerKind> {
+    if let Ok(body) = get(http, &format!("{base_url}/workers")).await {
+        if let Some(kind) = detect(&body, None) {
+            return Some(kind);
+        }
+        if let Ok(loads) = get(http, &format!("{base_url}/get_loads")).await
+            && let Some(kind) = detect(&body, Some(&loads))
+        {
+            return Some(kind);
+        }
     }
-    let loads = get(http, &format!("{base_url}/get_loads")).await.ok()?;
-    detect(&body, Some(&loads))
+    let text = get(http, metrics_url?).await.ok()?;
+    detect_metrics(&String::from_utf8_lossy(&text))
 }
 
 /// Reads a known third-party router: its workers, and its metrics when `metrics_url` is given.
@@ -273,10 +420,14 @@ pub async fn probe(
     base_url: &str,
     metrics_url: Option<&str>,
 ) -> Result<PeerState, String> {
-    let body = get(http, &format!("{base_url}/workers"))
-        .await
-        .map_err(|e| format!("GET {base_url}/workers: {e}"))?;
-    let workers = parse_workers(&body)?;
+    let workers = if kind.lists_workers() {
+        let body = get(http, &format!("{base_url}/workers"))
+            .await
+            .map_err(|e| format!("GET {base_url}/workers: {e}"))?;
+        parse_workers(&body)?
+    } else {
+        Vec::new()
+    };
     let mut state = PeerState {
         kind,
         workers,
@@ -301,6 +452,9 @@ pub async fn probe(
                 state.policy = metrics.policy;
                 state.requests_total = metrics.requests_total;
                 state.errors_total = metrics.errors_total;
+                if !kind.lists_workers() {
+                    state.workers = metrics.workers;
+                }
                 // A router with prefill workers disaggregates: a zero reading before its first split lets
                 // the P/D view count that split.
                 let disaggregates = state.workers.iter().any(|w| w.role == "prefill");
@@ -355,6 +509,7 @@ mod tests {
             requests_total: Some(requests),
             errors_total: Some(errors),
             pd: None,
+            workers: Vec::new(),
         }
     }
 
@@ -420,5 +575,66 @@ mod tests {
         let roles: Vec<String> = parse_workers(body).unwrap().into_iter().map(|w| w.role).collect();
         // Sorted by URL.
         assert_eq!(roles, ["decode", "prefill", "both", "both"].map(String::from));
+    }
+
+    /// llm-d's EPP: its decision counters as `pkg/metrics` names them (written from its source: no EPP runs
+    /// here). The newer counter wins when both are served.
+    const LLM_D: &str = "# TYPE llm_d_inference_scheduler_pd_decision_total counter\n\
+        llm_d_inference_scheduler_pd_decision_total{decision_type=\"decode-only\"} 30\n\
+        llm_d_inference_scheduler_pd_decision_total{decision_type=\"prefill-decode\"} 12\n";
+    const LLM_D_NEWER: &str = "# TYPE llm_d_inference_scheduler_disagg_decision_total counter\n\
+        llm_d_inference_scheduler_disagg_decision_total{model_name=\"m\",decision_type=\"decode-only\"} 5\n\
+        llm_d_inference_scheduler_disagg_decision_total{model_name=\"m\",decision_type=\"prefill-decode\"} 3\n\
+        llm_d_inference_scheduler_disagg_decision_total{model_name=\"m\",decision_type=\"encode-prefill-decode\"} 1\n\
+        llm_d_inference_scheduler_disagg_decision_total{model_name=\"m\",decision_type=\"encode-decode\"} 2\n\
+        llm_d_inference_scheduler_pd_decision_total{decision_type=\"prefill-decode\"} 99\n";
+
+    #[test]
+    fn llm_d_is_known_by_its_decision_counters_and_splits_are_decisions_with_a_prefill_stage() {
+        assert_eq!(detect_metrics(LLM_D), Some(PeerKind::LlmD));
+        let pd = read_metrics(PeerKind::LlmD, LLM_D).unwrap().pd.unwrap();
+        assert_eq!((pd.splits, pd.local), (12, 30));
+        let metrics = read_metrics(PeerKind::LlmD, LLM_D_NEWER).unwrap();
+        let pd = metrics.pd.unwrap();
+        assert_eq!((pd.splits, pd.local), (4, 7), "the newer counter, not the older one's 99");
+        assert_eq!(metrics.requests_total, Some(11.0));
+        assert!(read_metrics(PeerKind::LlmD, "smg_x 1\n").is_err());
+    }
+
+    /// Dynamo's frontend in a disaggregated deployment: per-worker gauges labelled `worker_type` (written
+    /// from `prometheus_names.rs` and the KV router's worker monitor: no Dynamo runs here).
+    const DYNAMO: &str = "\
+        dynamo_frontend_requests_total{model=\"m\",endpoint=\"chat_completions\",request_type=\"stream\",status=\"success\"} 40\n\
+        dynamo_frontend_requests_total{model=\"m\",endpoint=\"chat_completions\",request_type=\"stream\",status=\"error\"} 2\n\
+        dynamo_frontend_time_to_first_token_seconds_bucket{model=\"m\",le=\"0.1\"} 30\n\
+        dynamo_frontend_time_to_first_token_seconds_bucket{model=\"m\",le=\"1\"} 40\n\
+        dynamo_frontend_time_to_first_token_seconds_bucket{model=\"m\",le=\"+Inf\"} 40\n\
+        dynamo_frontend_time_to_first_token_seconds_sum{model=\"m\"} 4\n\
+        dynamo_frontend_time_to_first_token_seconds_count{model=\"m\"} 40\n\
+        dynamo_frontend_worker_active_prefill_tokens{worker_id=\"7\",dp_rank=\"0\",worker_type=\"prefill\"} 900\n\
+        dynamo_frontend_worker_active_prefill_tokens{worker_id=\"8\",dp_rank=\"0\",worker_type=\"prefill\"} 100\n\
+        dynamo_frontend_worker_active_decode_blocks{worker_id=\"9\",dp_rank=\"0\",worker_type=\"decode\"} 40\n\
+        dynamo_frontend_worker_active_decode_blocks{worker_id=\"9\",dp_rank=\"1\",worker_type=\"decode\"} 60\n\
+        dynamo_frontend_worker_last_time_to_first_token_seconds{worker_id=\"7\",worker_type=\"prefill\"} 0.2\n\
+        dynamo_frontend_worker_last_time_to_first_token_seconds{worker_id=\"8\",worker_type=\"prefill\"} 0.4\n";
+
+    #[test]
+    fn dynamo_is_known_by_its_frontend_and_its_workers_come_by_worker_type() {
+        assert_eq!(detect_metrics(DYNAMO), Some(PeerKind::Dynamo));
+        let metrics = read_metrics(PeerKind::Dynamo, DYNAMO).unwrap();
+        assert_eq!((metrics.requests_total, metrics.errors_total), (Some(42.0), Some(2.0)));
+        let roles: Vec<&str> = metrics.workers.iter().map(|w| w.role.as_str()).collect();
+        assert_eq!(roles, ["decode", "prefill", "prefill"], "one per worker id, its ranks together");
+        let pd = metrics.pd.expect("a prefill worker type: disaggregated");
+        assert_eq!((pd.ttft.count, pd.ttft.buckets.len()), (40, 2));
+        let prefill = pd.worker_types.iter().find(|t| t.worker_type == "prefill").unwrap();
+        assert_eq!((prefill.workers, prefill.active_prefill_tokens), (2, Some(1000.0)));
+        assert!(prefill.last_ttft_s.is_some_and(|s| (s - 0.3).abs() < 1e-9), "{prefill:?}");
+        let decode = pd.worker_types.iter().find(|t| t.worker_type == "decode").unwrap();
+        assert_eq!((decode.workers, decode.active_decode_blocks, decode.last_ttft_s), (1, Some(100.0), None));
+        // Aggregated (no prefill workers): no P/D figures.
+        let aggregated = "dynamo_frontend_worker_active_decode_blocks{worker_id=\"1\",dp_rank=\"0\",worker_type=\"decode\"} 3\n";
+        assert_eq!(read_metrics(PeerKind::Dynamo, aggregated).unwrap().pd, None);
+        assert_eq!(detect_metrics("vllm:num_requests_running 1\n"), None);
     }
 }

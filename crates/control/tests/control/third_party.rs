@@ -2,7 +2,8 @@
 //! replicas, added to the app as a router: it is recognised, listed read-only with its workers, and its
 //! policy and request count come from its own metrics once it has routed a request. In P/D mode over
 //! fleet-sim's SGLang prefill and decode replicas, its own P/D figures and its workers' roles reach the app's
-//! P/D view.
+//! P/D view. llm-d's EPP and Dynamo's frontend, known by their metrics alone, are read the same way (fakes
+//! serving their metric names: neither runs here).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use fleet_sim::pd::{PdConfig, Role};
 use fleet_sim::{Flavor, ModelConfig};
+use fleet_test_support::endpoints::{MetricsMode, metrics_replica};
 use fleet_test_support::process::ChildProcess;
 use fleet_test_support::webdriver::free_port;
 use fleet_test_support::{eventually, spawn_sim};
@@ -182,5 +184,76 @@ async fn smg_disaggregating_over_sglang_replicas_shows_its_own_figures_in_the_p_
     assert!(v.notes.iter().any(|n| n.contains("smg_pd_ttft_seconds")), "{:?}", v.notes);
     let decode_role = v.roles.iter().find(|r| r.role == "decode").context("the decode role")?;
     assert_eq!((decode_role.replicas, decode_role.healthy), (1, 1));
+    Ok(())
+}
+
+/// llm-d's EPP counters at `splits` prefill-decode and `local` decode-only decisions.
+fn llm_d_text(splits: u64, local: u64) -> String {
+    format!(
+        "# TYPE llm_d_inference_scheduler_disagg_decision_total counter\n\
+         llm_d_inference_scheduler_disagg_decision_total{{model_name=\"m\",decision_type=\"prefill-decode\"}} {splits}\n\
+         llm_d_inference_scheduler_disagg_decision_total{{model_name=\"m\",decision_type=\"decode-only\"}} {local}\n"
+    )
+}
+
+/// Dynamo's frontend with two prefill workers and one decode worker.
+const DYNAMO_TEXT: &str = "\
+    dynamo_frontend_requests_total{model=\"m\",endpoint=\"chat_completions\",request_type=\"stream\",status=\"success\"} 9\n\
+    dynamo_frontend_worker_active_prefill_tokens{worker_id=\"1\",dp_rank=\"0\",worker_type=\"prefill\"} 300\n\
+    dynamo_frontend_worker_active_prefill_tokens{worker_id=\"2\",dp_rank=\"0\",worker_type=\"prefill\"} 200\n\
+    dynamo_frontend_worker_active_decode_blocks{worker_id=\"3\",dp_rank=\"0\",worker_type=\"decode\"} 64\n\
+    dynamo_frontend_worker_last_time_to_first_token_seconds{worker_id=\"1\",worker_type=\"prefill\"} 0.12\n";
+
+#[tokio::test]
+async fn llm_d_and_dynamo_known_by_their_metrics_alone_reach_the_p_d_view() -> Result<()> {
+    // Fakes: llm-d's EPP (a Go service on Kubernetes) and Dynamo's frontend (with its NATS, etcd and GPU
+    // workers) do not run here. These serve the metric names their sources define; neither has a /workers.
+    let epp = metrics_replica("m", MetricsMode::Body(llm_d_text(2, 5))).await?;
+    let dynamo = metrics_replica("m", MetricsMode::Body(DYNAMO_TEXT.to_owned())).await?;
+    let dir = tempfile::tempdir()?;
+    let mut config = ControlConfig::new(Vec::new(), dir.path().join("history.sqlite"));
+    config.routers = [epp.url(), dynamo.url()]
+        .into_iter()
+        .map(|url| RouterTarget {
+            metrics_url: Some(format!("{url}/metrics")),
+            url,
+            token: None,
+            token_file: None,
+        })
+        .collect();
+    let stop = CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let control = Control::start(config, stop).await?;
+    let view = || {
+        let control = control.clone();
+        async move { control.disagg().view(PdViewArgs { window_s: 120, bucket_s: 10 }).await }
+    };
+    let first = eventually("both routers' rows", Duration::from_secs(30), || async {
+        let v = view().await?;
+        let kinds: Vec<&str> = v.router_figures.iter().map(|r| r.kind.as_str()).collect();
+        Ok((kinds.contains(&"llm-d") && kinds.contains(&"dynamo")).then_some(v))
+    })
+    .await?;
+    let listed: Vec<(String, bool)> =
+        first.routers.iter().map(|r| (r.kind.clone(), r.read_only.is_some())).collect();
+    assert!(listed.contains(&("llm-d".to_owned(), true)) && listed.contains(&("dynamo".to_owned(), true)));
+    // Dynamo's workers by type: a 2:1 fleet, and its row shows the gauges as they stand.
+    assert_eq!(first.ratio.as_deref(), Some("2:1"), "{first:?}");
+    let dyn_row = first.router_figures.iter().find(|r| r.kind == "dynamo").context("Dynamo's row")?;
+    let prefill = dyn_row.worker_types.iter().find(|t| t.worker_type == "prefill").context("prefill")?;
+    assert_eq!((prefill.workers, prefill.active_prefill_tokens), (2, Some(500.0)));
+    assert!(prefill.last_ttft_ms.is_some_and(|ms| (ms - 120.0).abs() < 1e-6), "{prefill:?}");
+
+    // llm-d decides on: three more splits and four more decode-only decisions in the window.
+    epp.set(MetricsMode::Body(llm_d_text(5, 9)));
+    let row = eventually("llm-d's new decisions", Duration::from_secs(30), || async {
+        let v = view().await?;
+        Ok(v.router_figures.into_iter().find(|r| r.kind == "llm-d" && r.splits == 3 && r.local == 4))
+    })
+    .await?;
+    assert_eq!(row.url, epp.url());
+    let v = view().await?;
+    let reasons: Vec<(&str, u64)> = v.reasons.iter().map(|r| (r.reason.as_str(), r.count)).collect();
+    assert_eq!(reasons, [("local", 4), ("split", 3)]);
     Ok(())
 }
