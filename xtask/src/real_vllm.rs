@@ -18,7 +18,9 @@
 //! tokens (the router is built with its `tokenizer` feature and given the model's `tokenizer.json` and chat
 //! template). The peers: SMG 1.13.0 `cache_aware`, vllm-router 0.1.17 `cache_aware` and its `kv_aware` (which
 //! follows the same KV events). Rows run in the order listed and can be narrowed with `FLEET_REAL_ROUTERS`
-//! (comma-separated parts of their names). A warm-up pass of the trace (through round_robin, not reported)
+//! (comma-separated parts of their names, run in the order given; a part given twice runs twice, e.g.
+//! `smg,cache_aware_approx,smg,cache_aware_approx` to see what a row's place in the run does;
+//! `FLEET_REAL_TOKENIZER=0` runs fleet-router's approximate policies without the model's tokenizer). A warm-up pass of the trace (through round_robin, not reported)
 //! runs first. Not part of CI: it is a benchmark, and on two cores its TTFTs
 //! carry the noise of three engines sharing them; compare rows of one run only.
 
@@ -77,8 +79,20 @@ pub fn run_real_vllm() -> Result<()> {
 
     let mut routers = ROUTERS.to_vec();
     if let Ok(only) = std::env::var("FLEET_REAL_ROUTERS") {
-        let wanted: Vec<&str> = only.split(',').map(str::trim).filter(|w| !w.is_empty()).collect();
-        routers.retain(|router| wanted.iter().any(|w| router.name().contains(w)));
+        // In the order given, each pattern's matches in the table's order; a pattern given twice runs its
+        // rows twice (to see how much a row's place in the run moves its figures).
+        routers = only
+            .split(',')
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .flat_map(|w| ROUTERS.iter().filter(move |router| router.name().contains(w)).copied())
+            .collect();
+        if routers.is_empty() {
+            return Err(format!(
+                "FLEET_REAL_ROUTERS={only:?} names no row; rows: {:?}",
+                ROUTERS.map(|r| r.name())
+            ));
+        }
     }
 
     let started = Instant::now();
@@ -268,11 +282,16 @@ fn start_router(
                 format!("127.0.0.1:{port}"),
                 "--policy-file".to_owned(),
                 spec.to_string_lossy().into_owned(),
-                "--tokenizer".to_owned(),
-                vllm.model.join("tokenizer.json").to_string_lossy().into_owned(),
                 "--record".to_owned(),
                 dir.join(format!("{}.recorded.jsonl", router.policy)).to_string_lossy().into_owned(),
             ];
+            // FLEET_REAL_TOKENIZER=0: without the model's tokenizer (text blocks, as SMG's cache_aware), to
+            // see what tokenizing and templating on the request path costs beside three engines on two
+            // cores. kv_precise needs it.
+            if std::env::var("FLEET_REAL_TOKENIZER").as_deref() != Ok("0") || router.policy == "kv_precise" {
+                args.push("--tokenizer".to_owned());
+                args.push(vllm.model.join("tokenizer.json").to_string_lossy().into_owned());
+            }
             for server in servers {
                 args.push("--replica".to_owned());
                 args.push(format!("{},model={MODEL},kv=tcp://127.0.0.1:{}", server.url, server.kv_port));
