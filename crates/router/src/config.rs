@@ -64,6 +64,16 @@ impl ReplicaSpec {
         }
     }
 
+    /// The URL's host, without brackets for an IPv6 address or the port (SGLang's `bootstrap_host`).
+    pub fn host(&self) -> Option<&str> {
+        let authority = self.url.split_once("://")?.1.split('/').next()?;
+        let host = match authority.strip_prefix('[') {
+            Some(v6) => v6.split_once(']')?.0,
+            None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+        };
+        (!host.is_empty()).then_some(host)
+    }
+
     /// `host:port` of the URL (for deriving a KV endpoint), if it has an explicit port.
     pub fn host_port(&self) -> Option<(String, u16)> {
         let rest = self.url.split_once("://")?.1;
@@ -572,6 +582,15 @@ mod tests {
     fn an_sglang_prefill_server_takes_a_bootstrap_port_and_only_a_prefill_replica_does() {
         let spec: ReplicaSpec = "http://a:30000,role=prefill,bootstrap=8998".parse().unwrap();
         assert_eq!((spec.role, spec.bootstrap_port), (Role::Prefill, Some(8998)));
+        // Its host is the bootstrap host, with or without a port in the URL.
+        let hosts = [
+            ("http://a:30000", "a"),
+            ("http://prefill-0.svc", "prefill-0.svc"),
+            ("http://[::1]:80/v1", "::1"),
+        ];
+        for (url, host) in hosts {
+            assert_eq!(ReplicaSpec::url(url).host(), Some(host), "{url}");
+        }
         assert_eq!(spec.to_string().parse::<ReplicaSpec>().unwrap(), spec);
         let error = "http://a:1,role=decode,bootstrap=8998".parse::<ReplicaSpec>().unwrap_err();
         assert!(error.message.contains("role=prefill"), "{error}");

@@ -215,13 +215,12 @@ fn start_bootstrap_legs(
     headers: &HeaderMap,
     body: &Bytes,
 ) {
-    let host = replica.spec.host_port().map(|(host, _)| host.trim_matches(['[', ']']).to_owned());
-    let Some(host) = host else {
-        plan.fall_back(state, format!("{} has no host:port for SGLang's bootstrap", replica.spec.url));
+    let Some(host) = replica.spec.host() else {
+        plan.fall_back(state, format!("{} has no host for SGLang's bootstrap", replica.spec.url));
         return;
     };
     let room = bootstrap_room(ticket.request_id);
-    let legs = match bootstrap_body(body, &host, bootstrap_port, room) {
+    let legs = match bootstrap_body(body, host, bootstrap_port, room) {
         Ok(legs) => legs,
         Err(error) => {
             plan.fall_back(state, format!("the prefill leg failed: {}", error.message));

@@ -99,7 +99,7 @@ enum Polled {
     Peer(PeerKind, Result<Box<PeerState>, String>),
 }
 
-/// Whether a failed admin call may mean "not a fleet-router" (then its `/workers` is asked).
+/// Whether a failed admin call may mean "not a fleet-router" (then its `/workers`, else its metrics, tell).
 fn maybe_third_party(error: &AdminError) -> bool {
     matches!(
         error,
