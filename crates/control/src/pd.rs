@@ -482,6 +482,18 @@ mod tests {
 
     const NOW: i64 = 1_000_000;
 
+    /// Input of fleet-routers' counter readings alone.
+    fn of_samples(samples: Vec<(String, Vec<(i64, PdCounters)>)>) -> Input {
+        Input {
+            states: vec![],
+            samples,
+            replicas: vec![],
+            sources: vec![],
+            peers: vec![],
+            peer_workers: vec![],
+        }
+    }
+
     fn args() -> PdViewArgs {
         PdViewArgs { window_s: 60, bucket_s: 10 }
     }
@@ -507,18 +519,7 @@ mod tests {
                 ],
             ),
         ];
-        let view = build(
-            Input {
-                states: vec![],
-                samples,
-                replicas: vec![],
-                sources: vec![],
-                peers: vec![],
-                peer_workers: vec![],
-            },
-            NOW,
-            args(),
-        );
+        let view = build(of_samples(samples), NOW, args());
         let got: Vec<(&str, u64)> = view.reasons.iter().map(|r| (r.reason.as_str(), r.count)).collect();
         assert_eq!(got, [("short_prompt", 5), ("split", 5)], "largest first, ties by name");
         assert!((view.reasons[0].share - 0.5).abs() < 1e-9);
@@ -546,18 +547,7 @@ mod tests {
                 (NOW - 10_000, counters(3, 0, 0, leg([1, 3, 3], 0.6, 3), leg([0; 3], 0.0, 0))),
             ],
         )];
-        let view = build(
-            Input {
-                states: vec![],
-                samples,
-                replicas: vec![],
-                sources: vec![],
-                peers: vec![],
-                peer_workers: vec![],
-            },
-            NOW,
-            args(),
-        );
+        let view = build(of_samples(samples), NOW, args());
         assert_eq!(view.reasons[0].count, 3);
         assert_eq!(view.ttft.splits, 3);
         assert!(view.ttft.prefill_leg_mean_ms.is_some_and(|ms| (ms - 200.0).abs() < 1e-9));

@@ -20,19 +20,24 @@ use fleetdeck_control::{Control, ControlConfig, RouterTarget};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-#[tokio::test]
-async fn an_smg_gateway_shows_as_a_read_only_router_with_its_workers_policy_and_metrics() -> Result<()> {
-    let sim = spawn_sim(2, Default::default()).await?;
+/// A real `smg launch` on free ports with `args` after them, ready: its URL and metrics URL.
+struct Smg {
+    _process: ChildProcess,
+    url: String,
+    metrics_url: String,
+}
+
+async fn start_smg(args: &[&str]) -> Result<Smg> {
     let (port, metrics_port) = (free_port()?, free_port()?);
     let mut smg = tokio::process::Command::new(std::env::var("SMG_BIN").unwrap_or_else(|_| "smg".into()));
     smg.args(["launch", "--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &metrics_port.to_string()])
-        .args(["--policy", "cache_aware", "--log-level", "warn", "--worker-urls"])
-        .args(sim.urls())
+        .args(["--log-level", "warn"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
-    let _smg = ChildProcess::spawn(&mut smg)
+    let process = ChildProcess::spawn(&mut smg)
         .context("cannot start `smg` (SGLang's gateway, PyPI smg==1.13.0); run `cargo xtask setup --test`")?;
     let url = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
@@ -40,18 +45,39 @@ async fn an_smg_gateway_shows_as_a_read_only_router_with_its_workers_policy_and_
         Ok(client.get(format!("{url}/readiness")).send().await?.status().is_success().then_some(()))
     })
     .await?;
+    Ok(Smg { _process: process, url, metrics_url: format!("http://127.0.0.1:{metrics_port}/metrics") })
+}
 
+/// The app over `replicas`, reading `router` (with its metrics URL) as a router.
+async fn app_reading(replicas: Vec<String>, router: &str, metrics_url: &str) -> Result<(Control, App)> {
     let dir = tempfile::tempdir()?;
-    let mut config = ControlConfig::new(sim.urls().to_vec(), dir.path().join("history.sqlite"));
+    let mut config = ControlConfig::new(replicas, dir.path().join("history.sqlite"));
     config.routers = vec![RouterTarget {
-        url: url.clone(),
+        url: router.to_owned(),
         token: None,
         token_file: None,
-        metrics_url: Some(format!("http://127.0.0.1:{metrics_port}/metrics")),
+        metrics_url: Some(metrics_url.to_owned()),
     }];
     let stop = CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    let control = Control::start(config, stop).await?;
+    let control = Control::start(config, stop.clone()).await?;
+    Ok((control, App { _dir: dir, _stop: stop.drop_guard() }))
+}
+
+/// What keeps the app of [`app_reading`] running: its history folder and its stop.
+struct App {
+    _dir: tempfile::TempDir,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+#[tokio::test]
+async fn an_smg_gateway_shows_as_a_read_only_router_with_its_workers_policy_and_metrics() -> Result<()> {
+    let sim = spawn_sim(2, Default::default()).await?;
+    let mut args = vec!["--policy", "cache_aware", "--worker-urls"];
+    args.extend(sim.urls().iter().map(String::as_str));
+    let smg = start_smg(&args).await?;
+    let url = smg.url.clone();
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let (control, _app) = app_reading(sim.urls().to_vec(), &url, &smg.metrics_url).await?;
 
     let source = |control: &Control| {
         let control = control.clone();
@@ -111,36 +137,13 @@ async fn smg_disaggregating_over_sglang_replicas_shows_its_own_figures_in_the_p_
     let decode = spawn_sim(1, sglang(Role::Decode)).await?;
     // fleet-sim serves an SGLang prefill replica's bootstrap (its KV pulls) on its HTTP port.
     let bootstrap = prefill.fleet.replicas[0].addr.port().to_string();
-    let (port, metrics_port) = (free_port()?, free_port()?);
-    let mut smg = tokio::process::Command::new(std::env::var("SMG_BIN").unwrap_or_else(|_| "smg".into()));
-    smg.args(["launch", "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &metrics_port.to_string()])
-        .args(["--pd-disaggregation", "--policy", "round_robin", "--log-level", "warn"])
-        .args(["--prefill", &prefill.urls()[0], &bootstrap, "--decode", &decode.urls()[0]])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    let _smg = ChildProcess::spawn(&mut smg)
-        .context("cannot start `smg` (SGLang's gateway, PyPI smg==1.13.0); run `cargo xtask setup --test`")?;
-    let url = format!("http://127.0.0.1:{port}");
+    let (p, d) = (prefill.urls()[0].clone(), decode.urls()[0].clone());
+    let args =
+        ["--pd-disaggregation", "--policy", "round_robin", "--prefill", &p, &bootstrap, "--decode", &d];
+    let smg = start_smg(&args).await?;
+    let url = smg.url.clone();
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-    eventually("smg to be ready", Duration::from_secs(60), || async {
-        Ok(client.get(format!("{url}/readiness")).send().await?.status().is_success().then_some(()))
-    })
-    .await?;
-
-    let dir = tempfile::tempdir()?;
-    let replicas = vec![prefill.urls()[0].clone(), decode.urls()[0].clone()];
-    let mut config = ControlConfig::new(replicas, dir.path().join("history.sqlite"));
-    config.routers = vec![RouterTarget {
-        url: url.clone(),
-        token: None,
-        token_file: None,
-        metrics_url: Some(format!("http://127.0.0.1:{metrics_port}/metrics")),
-    }];
-    let stop = CancellationToken::new();
-    let _stop = stop.clone().drop_guard();
-    let control = Control::start(config, stop).await?;
+    let (control, _app) = app_reading(vec![p.clone(), d.clone()], &url, &smg.metrics_url).await?;
     let view = || {
         let control = control.clone();
         async move { control.disagg().view(PdViewArgs { window_s: 120, bucket_s: 10 }).await }
