@@ -110,13 +110,8 @@ pub fn run_pd() -> Result<()> {
     let bin = target_dir().join("release");
     let dir = std::env::temp_dir().join(format!("fleet-pd-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let requests: usize = std::env::var("FLEET_PD_REQUESTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(2400);
-    let rate: f64 =
-        std::env::var("FLEET_PD_RATE").ok().and_then(|v| v.parse().ok()).filter(|r| *r > 0.0).unwrap_or(80.0);
+    let requests: usize = crate::procs::env_positive("FLEET_PD_REQUESTS", 2400);
+    let rate: f64 = crate::procs::env_positive("FLEET_PD_RATE", 80.0);
     let config = dir.join("workload.yaml");
     fs::write(&config, format!("rate_rps: {rate}\n{WORKLOAD}")).map_err(|e| e.to_string())?;
     let trace = dir.join("workload.jsonl");

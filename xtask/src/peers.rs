@@ -64,15 +64,11 @@ const OVERHEAD_ROUNDS: usize = 3;
 const OVERHEAD_SECONDS: u32 = 1;
 
 fn requests_per_workload() -> usize {
-    std::env::var("FLEET_PEERS_REQUESTS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(300)
+    crate::procs::env_positive("FLEET_PEERS_REQUESTS", 300)
 }
 
 fn mooncake_speedup() -> f64 {
-    std::env::var("FLEET_PEERS_SPEEDUP")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|s: &f64| *s > 0.0)
-        .unwrap_or(4.0)
+    crate::procs::env_positive("FLEET_PEERS_SPEEDUP", 4.0)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

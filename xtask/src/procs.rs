@@ -107,6 +107,30 @@ impl Drop for Guard {
     }
 }
 
+/// A bench setting from the environment: `name` as a positive number, else `default`. A value that is
+/// not one is said on stderr with the default used, not replaced silently.
+pub(crate) fn env_positive<T>(name: &str, default: T) -> T
+where
+    T: std::str::FromStr + PartialOrd + Default + std::fmt::Display,
+{
+    positive_or(name, std::env::var(name).ok().as_deref(), default)
+}
+
+/// `text` (the value of `name`) as a positive number, else `default`, said on stderr when `text` is not one.
+fn positive_or<T>(name: &str, text: Option<&str>, default: T) -> T
+where
+    T: std::str::FromStr + PartialOrd + Default + std::fmt::Display,
+{
+    let Some(text) = text else { return default };
+    match text.trim().parse::<T>() {
+        Ok(value) if value > T::default() => value,
+        _ => {
+            eprintln!("xtask: {name}={text:?} is not a positive number; using {default}");
+            default
+        }
+    }
+}
+
 pub(crate) fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot find a free port: {e}"))?;
     listener.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
@@ -308,6 +332,16 @@ mod tests {
         assert!(parse_wrk("Requests/sec: 1\n").is_none(), "a report without percentiles is refused");
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn bench_settings_are_positive_numbers_or_the_default() {
+        assert_eq!(positive_or("N", None, 300usize), 300);
+        assert_eq!(positive_or("N", Some(" 12 "), 300usize), 12);
+        assert_eq!(positive_or("N", Some("0"), 300usize), 300, "zero is not a setting");
+        assert_eq!(positive_or("N", Some("many"), 300usize), 300);
+        assert_eq!(positive_or("RATE", Some("2.5"), 80.0), 2.5);
+        assert_eq!(positive_or("RATE", Some("-1"), 80.0), 80.0);
     }
 
     #[test]

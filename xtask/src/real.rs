@@ -41,10 +41,10 @@ const POLICIES: [&str; 3] = ["round_robin", "consistent_hash", "cache_aware_appr
 const MODEL: &str = "tiny-llama";
 
 pub(crate) fn requests() -> u64 {
-    std::env::var("FLEET_REAL_REQUESTS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(90)
+    crate::procs::env_positive("FLEET_REAL_REQUESTS", 90)
 }
 fn gap_ms() -> u64 {
-    std::env::var("FLEET_REAL_GAP_MS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(500)
+    crate::procs::env_positive("FLEET_REAL_GAP_MS", 500)
 }
 
 #[derive(Debug, Default, Clone)]

@@ -44,7 +44,7 @@ const BLOCK_SIZE: u32 = 32;
 /// prefixes of about 44 blocks each need about 880 in all. A first run with 224 left even a partitioning
 /// router short (7 groups a server need about 310) and round_robin at 0 %.
 fn kv_blocks() -> u32 {
-    std::env::var("FLEET_REAL_KV_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(448)
+    crate::procs::env_positive("FLEET_REAL_KV_BLOCKS", 448)
 }
 const MAX_MODEL_LEN: u32 = 4096;
 const MAX_NUM_SEQS: u32 = 8;

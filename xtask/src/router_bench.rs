@@ -56,7 +56,7 @@ const THROUGHPUT_ROUNDS: usize = 3;
 /// Latency rounds (override with FLEET_BENCH_ROUNDS): a VM's scheduling noise moves single runs by
 /// tens of microseconds, the median of interleaved rounds far less.
 fn bench_rounds() -> usize {
-    std::env::var("FLEET_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(11)
+    crate::procs::env_positive("FLEET_BENCH_ROUNDS", 11)
 }
 /// Router worker threads (override with FLEET_BENCH_ROUTER_THREADS to compare).
 fn router_threads() -> String {

@@ -42,11 +42,7 @@ pub fn run_routers() -> Result<()> {
     let bin = target_dir().join("release");
     let dir = std::env::temp_dir().join(format!("fleet-routers-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let requests: usize = std::env::var("FLEET_ROUTERS_REQUESTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(300);
+    let requests: usize = crate::procs::env_positive("FLEET_ROUTERS_REQUESTS", 300);
     let policies: Vec<String> = env_list("FLEET_ROUTERS_POLICIES")
         .unwrap_or_else(|| POLICIES.iter().map(|p| (*p).to_owned()).collect());
     let counts: Vec<usize> = env_list("FLEET_ROUTERS_COUNTS")

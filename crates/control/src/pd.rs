@@ -105,32 +105,22 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
     let bucket_ms = i64::from(args.bucket_s) * 1000;
     let buckets = (args.window_s / args.bucket_s) as usize;
     let start_ms = now_ms - bucket_ms * buckets as i64;
-    let mut over_time: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); buckets];
-    let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+    let mut tally =
+        Tally { over_time: vec![BTreeMap::new(); buckets], totals: BTreeMap::new(), start_ms, bucket_ms };
     let mut fallbacks = 0;
     let (mut prefill_leg, mut decode_first_byte) = (LegHistogram::default(), LegHistogram::default());
     let mut router_figures = Vec::new();
-    let slot_of =
-        |at: i64| usize::try_from((at - start_ms - 1).max(0) / bucket_ms).unwrap_or(0).min(buckets - 1);
     for (url, samples) in &input.samples {
         let mut row = RouterWindow::default();
-        for pair in samples.windows(2) {
-            let ((_, before), (at, after)) = (&pair[0], &pair[1]);
-            if *at <= since_ms {
-                continue;
-            }
-            let slot = slot_of(*at);
+        for (at, before, after) in in_window(samples, since_ms) {
             for (reason, count) in &after.decisions {
                 let added = increase(before.decisions.get(reason).copied().unwrap_or(0), *count);
-                if added > 0 {
-                    *over_time[slot].entry(reason.clone()).or_default() += added;
-                    *totals.entry(reason.clone()).or_default() += added;
-                    match reason.as_str() {
-                        "split" => row.splits += added,
-                        // Counted on top of the split it undid.
-                        "transfer_failed" => {}
-                        _ => row.local += added,
-                    }
+                tally.add(at, reason, added);
+                match reason.as_str() {
+                    "split" => row.splits += added,
+                    // Counted on top of the split it undid.
+                    "transfer_failed" => {}
+                    _ => row.local += added,
                 }
             }
             row.failures += increase(before.fallbacks, after.fallbacks);
@@ -144,25 +134,14 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
     }
     for peer in &input.peers {
         let mut row = RouterWindow::default();
-        for pair in peer.samples.windows(2) {
-            let ((_, before), (at, after)) = (&pair[0], &pair[1]);
-            if *at <= since_ms {
-                continue;
-            }
-            let added = increase(before.splits, after.splits);
-            if added > 0 {
-                // A peer in P/D mode splits every request it sends to a prefill worker.
-                *over_time[slot_of(*at)].entry("split".to_owned()).or_default() += added;
-                *totals.entry("split".to_owned()).or_default() += added;
-                row.splits += added;
-            }
-            let kept = increase(before.local, after.local);
-            if kept > 0 {
-                // Served without a split, for a reason the router does not give (llm-d's decode-only).
-                *over_time[slot_of(*at)].entry("local".to_owned()).or_default() += kept;
-                *totals.entry("local".to_owned()).or_default() += kept;
-                row.local += kept;
-            }
+        for (at, before, after) in in_window(&peer.samples, since_ms) {
+            // A peer in P/D mode splits every request it sends to a prefill worker; what it serves without a
+            // split, it does for a reason it does not give (llm-d's decode-only).
+            let (added, kept) = (increase(before.splits, after.splits), increase(before.local, after.local));
+            tally.add(at, "split", added);
+            tally.add(at, "local", kept);
+            row.splits += added;
+            row.local += kept;
             row.failures += increase(before.failures, after.failures);
             add_delta(&mut row.ttft, &before.ttft, &after.ttft);
             add_delta(&mut row.prefill, &before.prefill, &after.prefill);
@@ -170,20 +149,11 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
             add_delta(&mut row.decode_ttft, &before.decode_ttft, &after.decode_ttft);
         }
         if let Some((_, latest)) = peer.samples.last() {
-            row.worker_types = latest
-                .worker_types
-                .iter()
-                .map(|t| PdWorkerType {
-                    worker_type: t.worker_type.clone(),
-                    workers: t.workers,
-                    active_prefill_tokens: t.active_prefill_tokens,
-                    active_decode_blocks: t.active_decode_blocks,
-                    last_ttft_ms: t.last_ttft_s.map(|s| s * 1e3),
-                })
-                .collect();
+            row.worker_types = latest.worker_types.clone();
         }
         router_figures.push(row.into_row(&peer.url, &peer.kind));
     }
+    let Tally { over_time, totals, .. } = tally;
     let all: u64 = totals.values().sum();
     let mut reasons: Vec<PdReasonCount> = totals
         .into_iter()
@@ -276,6 +246,36 @@ pub fn build(input: Input, now_ms: i64, args: PdViewArgs) -> PdView {
         router_figures,
         notes,
     }
+}
+
+/// Decisions by reason in the window, in total and per bucket of decisions over time.
+struct Tally {
+    over_time: Vec<BTreeMap<String, u64>>,
+    totals: BTreeMap<String, u64>,
+    start_ms: i64,
+    bucket_ms: i64,
+}
+
+impl Tally {
+    /// Counts `n` decisions for `reason`, in the bucket of the reading taken at `at_ms`.
+    fn add(&mut self, at_ms: i64, reason: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let last = self.over_time.len() - 1;
+        let slot =
+            usize::try_from((at_ms - self.start_ms - 1).max(0) / self.bucket_ms).unwrap_or(0).min(last);
+        *self.over_time[slot].entry(reason.to_owned()).or_default() += n;
+        *self.totals.entry(reason.to_owned()).or_default() += n;
+    }
+}
+
+/// Consecutive readings whose later one falls in the window: (its time, the reading before, it).
+fn in_window<T>(samples: &[(i64, T)], since_ms: i64) -> impl Iterator<Item = (i64, &T, &T)> {
+    samples
+        .windows(2)
+        .filter(move |pair| pair[1].0 > since_ms)
+        .map(|pair| (pair[1].0, &pair[0].1, &pair[1].1))
 }
 
 /// One router's P/D readings differenced over the window.
@@ -692,14 +692,14 @@ mod tests {
 
     #[test]
     fn llm_d_decode_only_decisions_count_as_local_and_dynamo_worker_types_show_as_they_stand() {
-        use crate::routers::third_party::{PeerPd, WorkerTypeFigures};
+        use crate::routers::third_party::PeerPd;
         let llm_d = |splits: u64, local: u64| PeerPd { splits, local, ..PeerPd::default() };
-        let prefill = |tokens: f64| WorkerTypeFigures {
+        let prefill = |tokens: f64| PdWorkerType {
             worker_type: "prefill".to_owned(),
             workers: 2,
             active_prefill_tokens: Some(tokens),
-            last_ttft_s: Some(0.25),
-            ..WorkerTypeFigures::default()
+            last_ttft_ms: Some(250.0),
+            ..PdWorkerType::default()
         };
         let dynamo = |tokens: f64| PeerPd { worker_types: vec![prefill(tokens)], ..PeerPd::default() };
         let peers = vec![

@@ -18,6 +18,8 @@
 use fleet_telemetry::exposition::{self, Exposition};
 use serde_json::Value;
 
+use fleetdeck_api::PdWorkerType;
+
 use super::admin::LegHistogram;
 
 use fleet_base::http::{BodyError, read_limited};
@@ -117,21 +119,9 @@ pub struct PeerPd {
     pub decode_ttft: LegHistogram,
     /// Requests it decided to serve without a split, where it counts them (llm-d's `decode-only`).
     pub local: u64,
-    /// Its workers' figures by `worker_type` (Dynamo's per-worker gauges), as they stand.
-    pub worker_types: Vec<WorkerTypeFigures>,
-}
-
-/// One worker type's gauges as a Dynamo frontend reports them, summed (tokens, blocks) or averaged (TTFT)
-/// over its workers.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct WorkerTypeFigures {
-    /// `prefill` or `decode`.
-    pub worker_type: String,
-    pub workers: u32,
-    pub active_prefill_tokens: Option<f64>,
-    pub active_decode_blocks: Option<f64>,
-    /// Mean over its workers of the latest time to first token each saw, seconds.
-    pub last_ttft_s: Option<f64>,
+    /// Its workers' figures by `worker_type` (Dynamo's per-worker gauges), as they stand: the P/D view
+    /// shows them as read.
+    pub worker_types: Vec<PdWorkerType>,
 }
 
 /// Recognises a third-party router from its `GET /workers` body and, when that cannot tell (no workers
@@ -306,7 +296,7 @@ fn dynamo_metrics(parsed: &Exposition) -> PeerMetrics {
         }
     }
     let mut workers = Vec::new();
-    let worker_types: Vec<WorkerTypeFigures> = by_type
+    let worker_types: Vec<PdWorkerType> = by_type
         .into_iter()
         .map(|(worker_type, members)| {
             let sum = |pick: fn(&Gauges) -> Option<f64>| {
@@ -323,11 +313,12 @@ fn dynamo_metrics(parsed: &Exposition) -> PeerMetrics {
                 load: None,
                 role: role.clone(),
             }));
-            WorkerTypeFigures {
+            PdWorkerType {
                 workers: members.len() as u32,
                 active_prefill_tokens: sum(|g| g.0),
                 active_decode_blocks: sum(|g| g.1),
-                last_ttft_s: (!ttfts.is_empty()).then(|| ttfts.iter().sum::<f64>() / ttfts.len() as f64),
+                last_ttft_ms: (!ttfts.is_empty())
+                    .then(|| ttfts.iter().sum::<f64>() / ttfts.len() as f64 * 1e3),
                 worker_type,
             }
         })
@@ -629,9 +620,12 @@ mod tests {
         assert_eq!((pd.ttft.count, pd.ttft.buckets.len()), (40, 2));
         let prefill = pd.worker_types.iter().find(|t| t.worker_type == "prefill").unwrap();
         assert_eq!((prefill.workers, prefill.active_prefill_tokens), (2, Some(1000.0)));
-        assert!(prefill.last_ttft_s.is_some_and(|s| (s - 0.3).abs() < 1e-9), "{prefill:?}");
+        assert!(prefill.last_ttft_ms.is_some_and(|ms| (ms - 300.0).abs() < 1e-6), "{prefill:?}");
         let decode = pd.worker_types.iter().find(|t| t.worker_type == "decode").unwrap();
-        assert_eq!((decode.workers, decode.active_decode_blocks, decode.last_ttft_s), (1, Some(100.0), None));
+        assert_eq!(
+            (decode.workers, decode.active_decode_blocks, decode.last_ttft_ms),
+            (1, Some(100.0), None)
+        );
         // Aggregated (no prefill workers): no P/D figures.
         let aggregated = "dynamo_frontend_worker_active_decode_blocks{worker_id=\"1\",dp_rank=\"0\",worker_type=\"decode\"} 3\n";
         assert_eq!(read_metrics(PeerKind::Dynamo, aggregated).unwrap().pd, None);
