@@ -384,6 +384,8 @@ pub struct RouterConfig {
     pub tokenizer: Option<PathBuf>,
     /// The model's Jinja chat template, when not the one in `tokenizer_config.json` beside `tokenizer`.
     pub chat_template: Option<PathBuf>,
+    /// Bytes the memo of tokenized prompt chunks may hold (`token_memo.rs`); 0 tokenizes every prompt whole.
+    pub tokenizer_memo_bytes: u64,
     /// Seed of the policy's random draws (random, power_of_two, sampled kv_precise).
     pub seed: u64,
     /// Serve HTTPS instead of HTTP.
@@ -416,6 +418,7 @@ impl Default for RouterConfig {
             kv_events_port_offset: None,
             tokenizer: None,
             chat_template: None,
+            tokenizer_memo_bytes: 64 << 20,
             seed: 0x5EED,
             tls: None,
             policy_etcd: None,

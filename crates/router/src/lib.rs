@@ -50,6 +50,8 @@ pub mod serve;
 pub mod state;
 #[cfg(feature = "tls")]
 pub mod tls;
+#[cfg(feature = "tokenizer")]
+pub mod token_memo;
 pub mod upstream;
 
 use std::future::Future;
@@ -91,7 +93,11 @@ pub async fn start(
 ) -> anyhow::Result<(Arc<RouterState>, JoinHandle<anyhow::Result<()>>)> {
     config.validate()?;
     let specs = config.replica_specs()?;
-    let tokenizer = load_tokenizer(config.tokenizer.as_deref(), config.chat_template.as_deref())?;
+    let tokenizer = load_tokenizer(
+        config.tokenizer.as_deref(),
+        config.chat_template.as_deref(),
+        config.tokenizer_memo_bytes,
+    )?;
     let state = RouterState::new(config, tokenizer)?;
     for spec in specs {
         state.add_replica(spec).await.map_err(|error| anyhow::anyhow!("{error}"))?;
@@ -149,19 +155,21 @@ pub async fn start(
 }
 
 /// Loads a Hugging Face `tokenizer.json` (build feature `tokenizer`) with the model's chat template
-/// (`chat_template`, else the one beside the tokenizer); `None` without a path.
+/// (`chat_template`, else the one beside the tokenizer) and a memo of its prompt chunks of up to
+/// `memo_bytes` (none at 0); `None` without a path.
 pub fn load_tokenizer(
     path: Option<&std::path::Path>,
     chat_template: Option<&std::path::Path>,
+    memo_bytes: u64,
 ) -> anyhow::Result<Option<Arc<dyn Tokenize>>> {
     let Some(path) = path else { return Ok(None) };
     #[cfg(feature = "tokenizer")]
     {
-        Ok(Some(Arc::new(routing_key::HfTokenizer::from_file(path, chat_template)?)))
+        Ok(Some(Arc::new(routing_key::HfTokenizer::from_file(path, chat_template, memo_bytes)?)))
     }
     #[cfg(not(feature = "tokenizer"))]
     {
-        let _ = chat_template;
+        let _ = (chat_template, memo_bytes);
         anyhow::bail!(
             "cannot use --tokenizer {}: this fleet-router was built without the `tokenizer` feature; rebuild with --features tokenizer",
             path.display()
@@ -215,6 +223,9 @@ async fn metrics(State(state): State<Arc<RouterState>>) -> Response {
     );
     if let Some(store) = &state.etcd_policy {
         store.render_metrics(&mut text, policy.store_revision.unwrap_or(0));
+    }
+    if let Some(tokenizer) = &state.tokenizer {
+        tokenizer.render_metrics(&mut text);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }

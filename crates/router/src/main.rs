@@ -67,6 +67,10 @@ struct Cli {
     /// tokenised as the engine renders them.
     #[arg(long)]
     chat_template: Option<PathBuf>,
+    /// MiB the memo of tokenized prompt chunks may hold: a prefix many prompts share is tokenized once
+    /// (with --tokenizer; 0 tokenizes every prompt whole).
+    #[arg(long, default_value_t = 64)]
+    tokenizer_memo_mb: u64,
     /// Replicas without kv= publish KV events on their HTTP port plus this offset (vLLM --kv-events-config).
     #[arg(long)]
     kv_events_port_offset: Option<u16>,
@@ -210,6 +214,7 @@ async fn run(cli: Cli) -> Result<()> {
         },
         tokenizer: cli.tokenizer.clone(),
         chat_template: cli.chat_template.clone(),
+        tokenizer_memo_bytes: cli.tokenizer_memo_mb.saturating_mul(1 << 20),
         tls: cli
             .tls_cert
             .clone()

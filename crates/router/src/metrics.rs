@@ -642,7 +642,7 @@ fn render_engine_figures(out: &mut String, replicas: &[ReplicaGauges]) {
     }
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+pub(crate) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
@@ -651,7 +651,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 type PerReplicaFamily = (&'static str, &'static str, &'static str, fn(&ReplicaGauges) -> u64);
 
 /// A family with one unlabelled sample.
-fn scalar(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+pub(crate) fn scalar(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
     family(out, name, kind, help);
     let _ = writeln!(out, "{name} {value}");
 }

@@ -40,6 +40,9 @@ pub trait Tokenize: Send + Sync + std::fmt::Debug {
     fn render_chat(&self, _request: &Value) -> Result<String, String> {
         Err("no chat template".to_owned())
     }
+
+    /// Appends the tokenizer's own figures to the router's `/metrics` text (none by default).
+    fn render_metrics(&self, _out: &mut String) {}
 }
 
 /// A Hugging Face `tokenizer.json` (build feature `tokenizer`), with the model's chat template when it has one.
@@ -48,15 +51,19 @@ pub trait Tokenize: Send + Sync + std::fmt::Debug {
 pub struct HfTokenizer {
     tokenizer: tokenizers::Tokenizer,
     template: Option<crate::chat_template::ChatTemplate>,
+    /// Token ids of prompt chunks seen before, when they are provably the whole prompt's (`token_memo.rs`).
+    memo: Option<crate::token_memo::ChunkMemo>,
 }
 
 #[cfg(feature = "tokenizer")]
 impl HfTokenizer {
     /// Loads `tokenizer.json`, and the chat template: `chat_template` when given, else the one beside it
-    /// (`tokenizer_config.json`, `chat_template.jinja`), else none (chats are then rendered canonically).
+    /// (`tokenizer_config.json`, `chat_template.jinja`), else none (chats are then rendered canonically);
+    /// with a memo of prompt chunks of up to `memo_bytes` when that is exact for this tokenizer (none at 0).
     pub fn from_file(
         path: &std::path::Path,
         chat_template: Option<&std::path::Path>,
+        memo_bytes: u64,
     ) -> anyhow::Result<Self> {
         let tokenizer = tokenizers::Tokenizer::from_file(path)
             .map_err(|error| anyhow::anyhow!("cannot load --tokenizer {}: {error}", path.display()))?;
@@ -70,13 +77,32 @@ impl HfTokenizer {
                 "no chat template beside the tokenizer and no --chat-template: chats are rendered canonically, so their blocks will not match the engine's"
             ),
         }
-        Ok(Self { tokenizer, template })
+        let memo = match memo_bytes {
+            0 => None,
+            bytes => match crate::token_memo::ChunkMemo::new(&tokenizer, bytes) {
+                Ok(memo) => {
+                    tracing::info!(
+                        mib = bytes >> 20,
+                        "prompt chunks a prefix shares are tokenized once (memo)"
+                    );
+                    Some(memo)
+                }
+                Err(why) => {
+                    tracing::warn!(tokenizer = %path.display(), "every prompt is tokenized whole: {why}");
+                    None
+                }
+            },
+        };
+        Ok(Self { tokenizer, template, memo })
     }
 }
 
 #[cfg(feature = "tokenizer")]
 impl Tokenize for HfTokenizer {
     fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+        if let Some(memo) = &self.memo {
+            return memo.tokenize(&self.tokenizer, text, add_special_tokens);
+        }
         // Without offsets (never read here): 13 % faster on a 4,347-token prompt (2.03 ms against 2.35).
         self.tokenizer
             .encode_fast(text, add_special_tokens)
@@ -93,6 +119,31 @@ impl Tokenize for HfTokenizer {
             Some(template) => template.render(request),
             None => Err("no chat template".to_owned()),
         }
+    }
+
+    fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        use std::sync::atomic::Ordering;
+        let Some(memo) = &self.memo else { return };
+        crate::metrics::family(
+            out,
+            "fleet_router_tokenizer_tokens_total",
+            "counter",
+            "Prompt tokens by where their ids came from: the memo of chunks seen before, or the tokenizer.",
+        );
+        for (source, count) in [
+            ("memo", memo.counters.tokens_memoised.load(Ordering::Relaxed)),
+            ("tokenizer", memo.counters.tokens_encoded.load(Ordering::Relaxed)),
+        ] {
+            let _ = writeln!(out, "fleet_router_tokenizer_tokens_total{{source=\"{source}\"}} {count}");
+        }
+        crate::metrics::scalar(
+            out,
+            "fleet_router_tokenizer_memo_bytes",
+            "gauge",
+            "Bytes the memo of tokenized prompt chunks holds (--tokenizer-memo-mb bounds it).",
+            memo.weight(),
+        );
     }
 }
 

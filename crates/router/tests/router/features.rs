@@ -188,8 +188,9 @@ mod tokenizer {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("tokenizer.json");
         std::fs::write(&path, "{\"model\": 5}")?;
-        let error =
-            fleet_router::load_tokenizer(Some(&path), None).err().context("loaded a broken tokenizer")?;
+        let error = fleet_router::load_tokenizer(Some(&path), None, 1 << 20)
+            .err()
+            .context("loaded a broken tokenizer")?;
         assert!(error.to_string().contains("--tokenizer"), "{error}");
         Ok(())
     }

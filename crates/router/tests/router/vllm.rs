@@ -179,6 +179,15 @@ async fn kv_precise_predicts_vllms_cached_tokens_for_chat_and_completions() -> R
     // Not trivially right: the shared prefixes were served from vLLM's cache, on the replica that held them.
     assert!(hits >= 18, "rounds 1-3 hit the cache: {hits} hits of {sent}");
     assert!(cached_total >= 18 * 3 * u64::from(VLLM_BLOCK_SIZE), "{cached_total} cached tokens");
+    // The repeated system prompts' ids came from the tokenizer's memo (on by default), and the
+    // predictions above, checked against vLLM's own counts, were made from those ids.
+    let text = http().get(format!("{}/metrics", router.url)).send().await?.text().await?;
+    let memoised: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("fleet_router_tokenizer_tokens_total{source=\"memo\"} "))
+        .context("no memo figures in /metrics")?
+        .parse()?;
+    assert!(memoised >= 18 * 100, "{memoised} tokens from the memo");
     Ok(())
 }
 
