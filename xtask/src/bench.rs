@@ -1,7 +1,7 @@
 //! `cargo xtask bench ...`: picks the benchmark, and launches the two that are examples of the control
 //! crate (`fidelity`, `etcd`). The router bench is in `router_bench.rs`, the peers bench in `peers.rs`,
 //! many routers over one fleet (`bench routers`) in `routers.rs`, P/D thresholds live and in the what-if
-//! (`bench pd`) in `pd_bench.rs`,
+//! (`bench pd`) in `pd_bench.rs`, the replay goals under skew (`bench skew`) in fleet-sim's `skew` example,
 //! `bench real` in `real.rs` (llama.cpp) and `real_vllm.rs` (vLLM, with the peers); their shared process kit in `procs.rs`.
 
 use std::process::Command;
@@ -23,8 +23,9 @@ pub fn run_bench(args: &[String]) -> Result<()> {
             other => Err(format!("bench real takes --engine llamacpp|vllm (default llamacpp), not {other:?}")),
         },
         Some("fidelity") => fidelity_bench(&args[1..]),
+        Some("skew") => skew_bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask bench router | peers | routers | pd | real [--engine llamacpp|vllm] | fidelity [REQUESTS] | etcd [--routers N] [--pushes N]"
+            "usage: cargo xtask bench router | peers | routers | pd | real [--engine llamacpp|vllm] | fidelity [REQUESTS] | skew [MOONCAKE_TRACE] | etcd [--routers N] [--pushes N]"
                 .to_owned(),
         ),
     }
@@ -41,6 +42,20 @@ fn fidelity_bench(extra: &[String]) -> Result<()> {
     let mut args = vec!["run", "--release", "-p", "fleet-demo", "--example", "fidelity", "--", &out];
     args.extend(extra.iter().map(String::as_str));
     run(cargo(), &args, &[("FLEET_FIDELITY_DATE", &date)])
+}
+
+/// Issue 35's replay goals under skew: fleet-sim's `skew` example replays every policy on the Mooncake trace
+/// (`../shared/traces`, or the path given) and on hot-tenant `fleet-sim gen` workloads at several loads.
+fn skew_bench(extra: &[String]) -> Result<()> {
+    let trace = match extra.first() {
+        Some(path) => path.clone(),
+        None => crate::root().join("../shared/traces/synthetic_trace.jsonl").to_string_lossy().into_owned(),
+    };
+    let mut args = vec!["run", "--release", "-p", "fleet-sim", "--example", "skew", "--"];
+    if std::path::Path::new(&trace).exists() {
+        args.push(&trace);
+    }
+    run(cargo(), &args, &[])
 }
 
 /// Policy fan-out to 50 routers through etcd against the per-router HTTP push (issue 26), measured by the

@@ -601,8 +601,11 @@ impl Engine {
             ResolvedPolicy::Random => load_based::random(&mut pick, rng),
             ResolvedPolicy::LeastLoad(p) => load_based::least_load(&mut pick, p.load_metric),
             ResolvedPolicy::PowerOfTwo(p) => load_based::power_of_two(&mut pick, p.load_metric, rng),
-            ResolvedPolicy::ConsistentHash(p) => ring::consistent_hash(self, &mut pick, p, view),
             // The cache-aware policies decide, then the shared load guard reviews the choice.
+            ResolvedPolicy::ConsistentHash(p) => {
+                ring::consistent_hash(self, &mut pick, p, view);
+                load_guard::review(self, &mut pick, &p.guard, view);
+            }
             ResolvedPolicy::CacheAwareApprox(p) => {
                 cache_aware::approx(self, &mut pick, p, view);
                 load_guard::review(self, &mut pick, &p.guard, view);

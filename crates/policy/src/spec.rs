@@ -144,6 +144,7 @@ impl PolicySpec {
                 load_factor: values.float("load_factor"),
                 prefix_blocks: values.integer("prefix_blocks") as usize,
                 use_session_key: values.boolean("use_session_key"),
+                guard: LoadGuardParams::read(&values),
                 hashing: HashingParams::read(&values),
             }),
             "cache_aware_approx" => ResolvedPolicy::CacheAwareApprox(CacheAwareParams {
@@ -767,6 +768,7 @@ pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
                     meaning: "Hash the request's session key instead of its prefix when one is present.",
                 },
             ];
+            docs.extend(load_guard_docs());
             docs.extend(hashing_docs());
             docs
         }
@@ -1056,6 +1058,9 @@ pub struct ConsistentHashParams {
     pub prefix_blocks: usize,
     /// Prefer the session key when present.
     pub use_session_key: bool,
+    /// The load guard reviewing the ring's choice: the bound counts requests, the guard the prefill queued
+    /// behind them, which is what a hot prefix piles onto its ring home.
+    pub guard: LoadGuardParams,
     /// Prompt cutting (the key covers the first `prefix_blocks` blocks).
     pub hashing: HashingParams,
 }

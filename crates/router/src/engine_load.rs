@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use fleet_policy::ReplicaMetrics;
+use fleet_telemetry::engines::LoadReader;
+use fleet_telemetry::exposition;
 use fleet_telemetry::scrape::{ScrapeError, ScrapeLimits, fetch, metrics_url};
-use fleet_telemetry::{engines, exposition};
 
 use crate::state::{Replica, RouterState, lock};
 
@@ -63,6 +64,8 @@ struct Latest {
 #[derive(Debug, Default)]
 pub struct EngineLoad {
     latest: std::sync::Mutex<Latest>,
+    /// The replica's engine as the last good scrape detected it: later scrapes parse only its load families.
+    reader: std::sync::Mutex<Option<LoadReader>>,
     in_flight: AtomicBool,
     /// Scrapes that gave figures.
     pub scrapes_ok: AtomicU64,
@@ -133,34 +136,51 @@ pub enum EngineScrapeError {
     NoLoad,
 }
 
-/// Reads one replica's figures: one bounded fetch, then the parse on a blocking thread.
+/// Reads one replica's figures: one bounded fetch, then the parse on a blocking thread. With the engine
+/// `known` from an earlier scrape, only its load families are parsed; the exposition is parsed whole, and
+/// the engine detected, the first time and whenever that gives no figures (another engine behind the URL).
+/// Returns the figures and the engine, for the next scrape.
 pub async fn scrape_once(
     client: &reqwest::Client,
     url: &str,
     limits: ScrapeLimits,
-) -> Result<(Option<f64>, Option<f64>, Option<f64>), EngineScrapeError> {
+    known: Option<LoadReader>,
+) -> Result<(EngineFigures, LoadReader), EngineScrapeError> {
     let text = fetch(client, url, limits).await?;
-    let values = tokio::task::spawn_blocking(move || {
-        let parsed = exposition::parse(&text).map_err(|e| EngineScrapeError::Malformed(e.to_string()))?;
-        let reading = engines::read(&parsed).map_err(|e| EngineScrapeError::Unsupported(e.to_string()))?;
-        Ok::<_, EngineScrapeError>((reading.total.waiting, reading.total.running, reading.total.kv_usage))
+    let (load, reader) = tokio::task::spawn_blocking(move || {
+        let malformed = |e: exposition::ParseError| EngineScrapeError::Malformed(e.to_string());
+        if let Some(reader) = known {
+            let load = reader.read_text(&text).map_err(malformed)?;
+            if load.waiting.is_some() || load.running.is_some() {
+                return Ok((load, reader));
+            }
+        }
+        let parsed = exposition::parse(&text).map_err(malformed)?;
+        let reader =
+            LoadReader::detect(&parsed).map_err(|e| EngineScrapeError::Unsupported(e.to_string()))?;
+        Ok::<_, EngineScrapeError>((reader.load_of(&parsed), reader))
     })
     .await
     .map_err(|e| EngineScrapeError::Parse(e.to_string()))??;
-    if values.0.is_none() && values.1.is_none() {
+    if load.waiting.is_none() && load.running.is_none() {
         return Err(EngineScrapeError::NoLoad);
     }
-    Ok(values)
+    Ok((
+        EngineFigures { waiting: load.waiting, running: load.running, kv_usage: load.kv_usage, at_ms: 0 },
+        reader,
+    ))
 }
 
 /// Scrapes one replica and hands good figures to its group's engine.
 async fn scrape_replica(state: Arc<RouterState>, replica: Arc<Replica>, limits: ScrapeLimits) {
     let url = metrics_url(&replica.spec.url);
-    let outcome = scrape_once(&state.client, &url, limits).await;
+    let known = *lock(&replica.engine_load.reader);
+    let outcome = scrape_once(&state.client, &url, limits, known).await;
     let now_ms = state.now_ms();
+    *lock(&replica.engine_load.reader) = outcome.as_ref().ok().map(|(_, reader)| *reader);
     match outcome {
-        Ok((waiting, running, kv_usage)) => {
-            let figures = EngineFigures { waiting, running, kv_usage, at_ms: now_ms };
+        Ok((figures, _)) => {
+            let figures = EngineFigures { at_ms: now_ms, ..figures };
             // The group as it is now: a replica that moved group (its model learnt) reports to the new one.
             if let Some(group) = state.fleet.load().groups.get(&replica.model) {
                 let _ = lock(group.engine_for(replica.spec.role)).engine.set_metrics(

@@ -626,6 +626,60 @@ fn created(exposition: &Exposition, profile: &Profile) -> Option<f64> {
     latest
 }
 
+/// An engine's load figures (requests waiting and running, KV usage), read again and again from its
+/// expositions without parsing what they do not need: the engine is detected once from a whole
+/// exposition, after which only the sample lines of the families its load is read from are parsed (with
+/// the families that name its data-parallel ranks). fleet-router reads these three figures from every
+/// replica several times a second; a vLLM exposition is mostly histogram lines it would otherwise parse
+/// each time.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadReader {
+    profile: &'static Profile,
+}
+
+/// The load figures of one exposition, summed over ranks (KV usage averaged), as [`Reading::total`] has them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Load {
+    /// Requests waiting.
+    pub waiting: Option<f64>,
+    /// Requests running.
+    pub running: Option<f64>,
+    /// KV-cache usage, 0 to 1.
+    pub kv_usage: Option<f64>,
+}
+
+impl LoadReader {
+    /// Detects the engine of a whole exposition (an error names the families seen, as [`read`]'s does).
+    pub fn detect(exposition: &Exposition) -> Result<Self, UnsupportedEngine> {
+        detect(exposition).map(|profile| Self { profile })
+    }
+
+    /// The load figures of a whole exposition.
+    pub fn load_of(&self, exposition: &Exposition) -> Load {
+        let values = values(self.profile, exposition, None);
+        Load { waiting: values.waiting, running: values.running, kv_usage: values.kv_usage }
+    }
+
+    /// The load figures of an exposition's text, parsing only the families they come from. An exposition
+    /// of another engine (a replica replaced behind its URL) gives no figures: detect again then.
+    pub fn read_text(&self, text: &str) -> Result<Load, crate::exposition::ParseError> {
+        let mut names = Vec::new();
+        for src in [
+            &self.profile.running,
+            &self.profile.waiting,
+            &self.profile.kv_usage,
+            &self.profile.prompt_tokens,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            src.names(&mut names);
+        }
+        let exposition = crate::exposition::parse_families(text, |name| names.contains(&name))?;
+        Ok(self.load_of(&exposition))
+    }
+}
+
 /// Detects the engine and reads its raw values, per rank and in total.
 pub fn read(exposition: &Exposition) -> Result<Reading, UnsupportedEngine> {
     let profile = detect(exposition)?;

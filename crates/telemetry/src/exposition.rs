@@ -143,6 +143,13 @@ pub enum ParseError {
 
 /// Parses a whole exposition.
 pub fn parse(text: &str) -> Result<Exposition, ParseError> {
+    parse_families(text, |_| true)
+}
+
+/// Parses only the sample lines, and the TYPE lines, of the metric names `keep` accepts (a histogram's
+/// `_bucket`, `_sum` and `_count` are names of their own); other lines are skipped after reading their
+/// name. For readers that need a few families of a large exposition, again and again.
+pub fn parse_families(text: &str, keep: impl Fn(&str) -> bool) -> Result<Exposition, ParseError> {
     if text.len() > MAX_EXPOSITION_BYTES {
         return Err(ParseError::TooLarge { size: text.len(), max: MAX_EXPOSITION_BYTES });
     }
@@ -159,9 +166,15 @@ pub fn parse(text: &str) -> Result<Exposition, ParseError> {
             continue;
         }
         if let Some(comment) = trimmed.strip_prefix('#') {
+            if !keep(comment_name(comment)) && comment.trim() != "EOF" {
+                continue;
+            }
             if parse_comment(comment, &mut exposition).map_err(fail)? == Comment::Eof {
                 break;
             }
+            continue;
+        }
+        if !keep(sample_name(trimmed)) {
             continue;
         }
         let sample = parse_sample(trimmed).map_err(fail)?;
@@ -175,6 +188,20 @@ pub fn parse(text: &str) -> Result<Exposition, ParseError> {
         exposition.samples.push(sample);
     }
     Ok(exposition)
+}
+
+/// The metric name a sample line starts with (before its labels or value), unchecked.
+fn sample_name(line: &str) -> &str {
+    line.split(['{', ' ', '\t']).next().unwrap_or(line)
+}
+
+/// The metric name of a `# TYPE name ...` or `# HELP name ...` comment, unchecked ("" for other comments).
+fn comment_name(comment: &str) -> &str {
+    let mut words = comment.split_whitespace();
+    match words.next() {
+        Some("TYPE" | "HELP" | "UNIT") => words.next().unwrap_or(""),
+        _ => "",
+    }
 }
 
 #[derive(PartialEq)]

@@ -141,19 +141,19 @@ fn run_workload(
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// The load guard's invariant: with it on, no cache-aware pick starts its request (queued prefill blocks
+    /// The load guard's invariant: with it on, no cache-aware pick (consistent_hash's included) starts its request (queued prefill blocks
     /// plus the prompt blocks to prefill there) more than `spread_wait_blocks` after the soonest eligible
     /// replica would.
     #[test]
     fn the_load_guard_bounds_the_chosen_replicas_expected_wait(
-        policy in 0..3usize,
+        policy in 0..4usize,
         extra in any::<u8>(),
         spread in 0..12i64,
         replicas in 1..10u8,
         ops in proptest::collection::vec(op(), 1..120),
         seed in any::<u64>(),
     ) {
-        let name = ["cache_aware_approx", "kv_precise", "weighted_scorers"][policy];
+        let name = ["cache_aware_approx", "kv_precise", "weighted_scorers", "consistent_hash"][policy];
         let ids: Vec<ReplicaId> = (0..u32::from(replicas)).map(ReplicaId).collect();
         let spec = spec_for(name, extra).with("spread_wait_blocks", spread);
         let mut engine = Engine::new(spec, &ids).expect("valid");

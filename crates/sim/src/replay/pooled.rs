@@ -6,10 +6,16 @@
 //! counts the matched blocks' tokens as cached, then caches all its blocks, touching them from the last to
 //! the first (so under pressure a prefix loses its tail before its head, as engines free tail blocks
 //! first). Beyond capacity the least recently touched block is evicted.
+//!
+//! Its TTFT counterpart, [`unqueued_ttft_p95`]: each request's prefill of what the pooled cache misses, run
+//! alone on an idle engine. No queueing, no batching, the pooled cache's hits: what a policy's TTFT p95
+//! would be with nothing left to win by placement. When round_robin's p95 is already near it, no policy
+//! can cut much from it; the gap between the two is what routing can win.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::prepare::PreparedTrace;
+use crate::engine::EngineConfig;
 use crate::engine::kv::cacheable_blocks;
 
 /// An LRU set of block hashes with stamps (O(log n) per touch).
@@ -53,6 +59,29 @@ pub fn pooled_cached_tokens(trace: &PreparedTrace, capacity_blocks: u64) -> Vec<
             matched * block
         })
         .collect()
+}
+
+/// TTFT p95 (nearest rank, seconds) with the pooled cache's hits and no queueing (see the module docs): each
+/// request's uncached tokens prefilled alone, in chunks of the engine's token budget, by its cost model.
+pub fn unqueued_ttft_p95(trace: &PreparedTrace, capacity_blocks: u64, engine: &EngineConfig) -> f64 {
+    let budget = engine.max_num_batched_tokens.max(1);
+    let mut ttfts: Vec<f64> = pooled_cached_tokens(trace, capacity_blocks)
+        .into_iter()
+        .zip(&trace.requests)
+        .map(|(cached, request)| {
+            let mut start =
+                u32::try_from(cached).unwrap_or(u32::MAX).min(request.prompt_tokens.saturating_sub(1));
+            let mut micros = 0;
+            while start < request.prompt_tokens {
+                let chunk = budget.min(request.prompt_tokens - start);
+                micros += engine.cost.step_time(&[(start, chunk)], 0, 0);
+                start += chunk;
+            }
+            micros as f64 / 1e6
+        })
+        .collect();
+    ttfts.sort_by(f64::total_cmp);
+    fleet_base::quantile::nearest_rank(&ttfts, 0.95).unwrap_or(0.0)
 }
 
 /// Pooled bound hit rate: pooled cached tokens / prompt tokens.

@@ -50,6 +50,10 @@ pub struct ReplayReport {
     pub imbalance: f64,
     /// Hit rate of one LRU cache with the fleet's total capacity on the same trace.
     pub pooled_bound_hit_rate: f64,
+    /// TTFT p95 with the pooled cache's hits and no queueing ([`super::pooled::unqueued_ttft_p95`]): what
+    /// is left when placement has nothing more to win.
+    #[serde(default)]
+    pub unqueued_ttft_p95_s: f64,
     /// Per replica, in index order (the decode replicas in a P/D replay).
     pub per_replica: Vec<ReplicaReport>,
     /// A P/D replay's split decisions and legs (absent otherwise, and from the JSON then).
@@ -133,6 +137,7 @@ pub(super) fn build(
         throughput_tok_s: if span > 0.0 { output as f64 / span } else { 0.0 },
         imbalance,
         pooled_bound_hit_rate,
+        unqueued_ttft_p95_s: 0.0,
         per_replica: per,
         pd: None,
     }
@@ -141,7 +146,8 @@ pub(super) fn build(
 /// A human-readable report.
 pub fn format_report(report: &ReplayReport) -> String {
     let mut text = format!(
-        "requests {}\nhit rate {:.3} (pooled bound {:.3}, {:.0}% of it)\nTTFT p50 {:.3} s  p95 {:.3} s  p99 {:.3} s\n\
+        "requests {}\nhit rate {:.3} (pooled bound {:.3}, {:.0}% of it)\nTTFT p50 {:.3} s  p95 {:.3} s  p99 {:.3} s \
+         (p95 with the pooled cache and no queueing {:.3} s)\n\
          TPOT mean {:.4} s\nthroughput {:.0} tok/s\nimbalance {:.2} (max / mean prefill tokens)\n\n",
         report.requests,
         report.hit_rate,
@@ -154,6 +160,7 @@ pub fn format_report(report: &ReplayReport) -> String {
         report.ttft_p50_s,
         report.ttft_p95_s,
         report.ttft_p99_s,
+        report.unqueued_ttft_p95_s,
         report.tpot_mean_s,
         report.throughput_tok_s,
         report.imbalance,
@@ -215,6 +222,12 @@ pub fn format_comparison(rows: &[(String, ReplayReport)]) -> String {
             r.tpot_mean_s,
             r.throughput_tok_s,
             r.imbalance
+        ));
+    }
+    if let Some((_, first)) = rows.first() {
+        text.push_str(&format!(
+            "{:<20} {:>8.3} {:>8} {:>8} {:>9} {:>9.3}    (the pooled cache's hits, no queueing: what placement cannot beat)\n",
+            "pooled_unqueued", first.pooled_bound_hit_rate, "", "", "", first.unqueued_ttft_p95_s
         ));
     }
     if rows.iter().any(|(_, r)| r.pd.is_some()) {

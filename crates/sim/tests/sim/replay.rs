@@ -63,6 +63,33 @@ fn a_hand_computed_tiny_trace_gives_the_exact_hits() {
     assert!(one.ttft_p50_s > 0.0 && one.ttft_p50_s <= one.ttft_p99_s);
 }
 
+#[test]
+fn the_unqueued_p95_is_what_requests_alone_on_one_warm_replica_take_and_queueing_only_adds() {
+    // Requests 10 s apart on one replica run alone with its whole cache, as the reference assumes: the
+    // replay's p95 is the reference's, to the microsecond.
+    let prepared = replay::prepare(&tiny_trace(), None, 1.0).expect("prepared");
+    let alone = replay::replay(
+        &prepared,
+        &ReplayConfig::new(1, PolicySpec::named("round_robin")),
+        ReplayControl::default(),
+    )
+    .expect("replayed");
+    assert!(alone.unqueued_ttft_p95_s > 0.0);
+    assert!((alone.ttft_p95_s - alone.unqueued_ttft_p95_s).abs() < 1e-6, "{alone:?}");
+    // The same requests arriving at once queue behind each other: p95 above the reference.
+    let at_once: Vec<TraceRecord> =
+        tiny_trace().records.into_iter().map(|r| TraceRecord { timestamp: 0, ..r }).collect();
+    let prepared =
+        replay::prepare(&Trace::from_records(at_once).expect("valid"), None, 1.0).expect("prepared");
+    let queued = replay::replay(
+        &prepared,
+        &ReplayConfig::new(1, PolicySpec::named("round_robin")),
+        ReplayControl::default(),
+    )
+    .expect("replayed");
+    assert!(queued.ttft_p95_s > queued.unqueued_ttft_p95_s + 1e-3, "{queued:?}");
+}
+
 /// The pooled bound by brute force: an ordered list, least recently used first.
 fn brute_force_pooled(trace: &PreparedTrace, capacity: usize) -> Vec<u64> {
     let mut lru: Vec<u64> = Vec::new();
@@ -239,6 +266,7 @@ fn the_commands_generate_replay_and_compare_a_trace() {
         "throughput_tok_s",
         "imbalance",
         "pooled_bound_hit_rate",
+        "unqueued_ttft_p95_s",
         "per_replica",
     ]
     .into_iter()

@@ -484,3 +484,35 @@ fn vllm_0_32_data_parallel_ranks_add_up_and_kv_usage_averages() {
         close("rank prompt_tokens_per_s", "dp2", rank.prompt_tokens_per_s, one.total.prompt_tokens_per_s);
     }
 }
+
+#[test]
+fn the_load_reader_reads_every_engines_load_as_the_whole_reading_has_it_from_a_few_families() {
+    use fleet_telemetry::engines::LoadReader;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let whole = parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let Ok(reading) = read(&whole) else { continue };
+        let reader = LoadReader::detect(&whole).expect("the engine read() detected");
+        let load = reader.read_text(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let total = reading.total;
+        assert_eq!(
+            (load.waiting, load.running, load.kv_usage),
+            (total.waiting, total.running, total.kv_usage),
+            "{}",
+            path.display()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 28, "{checked} fixtures read");
+    // Data-parallel ranks: the KV usage is their mean, as in the whole reading.
+    let text = fixture("vllm-0.32-dp2.1.prom");
+    let reader = LoadReader::detect(&parse(&text).unwrap()).unwrap();
+    let load = reader.read_text(&text).unwrap();
+    assert!(load.kv_usage.is_some() && load.running.is_some(), "{load:?}");
+    // Another engine behind the URL gives no figures (the router then detects again), not wrong ones.
+    let other = reader.read_text(&fixture("sglang.1.prom")).unwrap();
+    assert_eq!((other.waiting, other.running), (None, None));
+}
