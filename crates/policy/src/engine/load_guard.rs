@@ -1,6 +1,6 @@
-//! The load guard the cache-aware policies share: the owner of a prefix keeps new work only while the
-//! request would start there within a bound of where it would start soonest; otherwise it goes there and
-//! the prefix is copied.
+//! The load guard the cache-aware policies share (consistent_hash's ring included): the owner of a prefix
+//! keeps new work only while the request would start there within a bound of where it would start
+//! soonest; otherwise it goes there and the prefix is copied.
 //!
 //! Expected wait is counted in blocks of prefill, the work every replica does at about the same rate:
 //! a replica's queued prefill (`active_prefill_blocks`: blocks of its requests still in prefill that were
