@@ -57,7 +57,18 @@ pub(super) fn fill_loads_and_pick_least(pick: &mut PickInProgress, metric: LoadM
         let position = pick.healthy[index];
         pick.candidates[position].load = Some(load_of(pick, position, metric));
     }
-    argmin_by(&pick.healthy, |position| load_of(pick, position, metric))
+    argmin_by(&pick.healthy, |position| (load_of(pick, position, metric), tie_break(pick, position, metric)))
+}
+
+/// What breaks a tie of `metric`, before engine order: the other figure. Equal request counts go to the
+/// replica with less prompt still to prefill (the wait a new request would queue behind); equal prefill
+/// (idle replicas all have none) to fewer requests, or light traffic piles onto the first replica.
+fn tie_break(pick: &PickInProgress, position: usize, metric: LoadMetric) -> u64 {
+    let candidate = &pick.candidates[position];
+    match metric {
+        LoadMetric::Requests => candidate.prefill_tokens,
+        LoadMetric::PrefillTokens => candidate.outstanding,
+    }
 }
 
 pub(super) fn least_load(pick: &mut PickInProgress, metric: LoadMetric) {
@@ -92,11 +103,8 @@ pub(super) fn power_of_two<R: RngCore + ?Sized>(pick: &mut PickInProgress, metri
         pick.candidates[position].load = Some(load_of(pick, position, metric));
         pick.candidates[position].note = Some("drawn".to_owned());
     }
-    let (winner, loser) = if load_of(pick, second, metric) < load_of(pick, first, metric) {
-        (second, first)
-    } else {
-        (first, second)
-    };
+    let key = |position| (load_of(pick, position, metric), tie_break(pick, position, metric));
+    let (winner, loser) = if key(second) < key(first) { (second, first) } else { (first, second) };
     let reason = format!(
         "power of two: drew {} ({} {}) and {} ({} {}); the less loaded wins",
         pick.replica(winner),
