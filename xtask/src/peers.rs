@@ -7,7 +7,8 @@
 //! (cold caches), the router is started over it, and `fleet-sim bench` replays each workload through it:
 //! - `mooncake`: the first requests of the Mooncake FAST'25 synthetic trace in `../shared/traces` (at a
 //!   speed-up, so the fleet is loaded and the run stays short);
-//! - `gen`: a `fleet-sim gen` workload (tenants with hot shared system prompts, sessions, RAG documents).
+//! - `gen`: a `fleet-sim gen` workload (tenants with hot shared system prompts, sessions, RAG documents) at
+//!   12 req/s, and `gen-light`, the same at 4 req/s.
 //!
 //! Per row: the fleet's prefix hit rate from the replicas' own /metrics deltas, client-side TTFT p50/p95 and
 //! ITL p95, throughput, errors (failed plus overflow), and the router's CPU per request (utime + stime of the
@@ -22,7 +23,8 @@
 //! The two wheels are installed into a virtualenv under the target directory at pinned versions when
 //! missing. Every process binds 127.0.0.1. Not part of CI: it is a benchmark. Counts can be changed with
 //! FLEET_PEERS_REQUESTS (requests per workload) and FLEET_PEERS_SPEEDUP (Mooncake's speed-up), and the
-//! routers narrowed with FLEET_PEERS_ROUTERS (comma-separated parts of their names, e.g. `kv_precise,smg`).
+//! routers narrowed with FLEET_PEERS_ROUTERS (comma-separated parts of their names, e.g. `kv_precise,smg`)
+//! and the workloads with FLEET_PEERS_WORKLOADS (`mooncake,gen,gen-light`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -144,17 +146,30 @@ pub fn run_peers() -> Result<()> {
     } else {
         println!("(no Mooncake trace at {}: that workload is skipped)", mooncake.display());
     }
-    let gen_trace = dir.join("gen.jsonl");
-    let gen_args = ["gen", "--requests", &requests.to_string(), "--rate", "12", "--seed", "7"];
-    let out = Command::new(bin.join("fleet-sim"))
-        .args(gen_args)
-        .args(["--out", &gen_trace.to_string_lossy()])
-        .status()
-        .map_err(|e| format!("cannot run fleet-sim gen: {e}"))?;
-    if !out.success() {
-        return Err("fleet-sim gen failed".into());
+    // The same generated traffic at the fleet's working load and at a light one (a third of it), where
+    // cache-aware policies have the least to win and the most to lose against a strict turn.
+    for (name, rate) in [("gen", "12"), ("gen-light", "4")] {
+        let trace = dir.join(format!("{name}.jsonl"));
+        let gen_args = ["gen", "--requests", &requests.to_string(), "--rate", rate, "--seed", "7"];
+        let out = Command::new(bin.join("fleet-sim"))
+            .args(gen_args)
+            .args(["--out", &trace.to_string_lossy()])
+            .status()
+            .map_err(|e| format!("cannot run fleet-sim gen: {e}"))?;
+        if !out.success() {
+            return Err("fleet-sim gen failed".into());
+        }
+        workloads.push(Workload { name, trace, speedup: 1.0, max_requests: requests });
     }
-    workloads.push(Workload { name: "gen", trace: gen_trace, speedup: 1.0, max_requests: requests });
+    if let Ok(only) = std::env::var("FLEET_PEERS_WORKLOADS") {
+        let wanted: Vec<&str> = only.split(',').map(str::trim).filter(|w| !w.is_empty()).collect();
+        workloads.retain(|workload| wanted.contains(&workload.name));
+        if workloads.is_empty() {
+            return Err(format!(
+                "FLEET_PEERS_WORKLOADS={only:?} names no workload (mooncake, gen, gen-light)"
+            ));
+        }
+    }
 
     let mut routers: Vec<RouterSpec> =
         OUR_POLICIES.iter().map(|policy| RouterSpec { kind: Kind::Fleet, policy }).collect();
@@ -598,6 +613,8 @@ fn verdicts(
     added_p50_us: &BTreeMap<String, f64>,
 ) -> Vec<String> {
     let mark = |met: bool| if met { "met" } else { "MISSED" };
+    // "Matches" on hit rate: within half a point, finer than a 300-request run resolves.
+    const HIT_MATCH: f64 = 0.005;
     let mut lines = Vec::new();
     let smg_cache = "smg cache_aware".to_owned();
     for workload in workloads {
@@ -616,11 +633,11 @@ fn verdicts(
         let Some((best_name, best)) = best else { continue };
         let (ours_hit, smg_hit) = (best.hit_rate.unwrap_or(0.0), smg.hit_rate.unwrap_or(0.0));
         lines.push(format!(
-            "{}: target hit rate >= smg cache_aware: {best_name} {:.1}% vs {:.1}%, {}",
+            "{}: target hit rate matches smg cache_aware's (at most 0.5 point below) or beats it: {best_name} {:.1}% vs {:.1}%, {}",
             workload.name,
             ours_hit * 100.0,
             smg_hit * 100.0,
-            mark(ours_hit >= smg_hit)
+            mark(ours_hit >= smg_hit - HIT_MATCH)
         ));
         let (ours_p95, smg_p95) =
             (best.ttft_p95_ms.unwrap_or(f64::INFINITY), smg.ttft_p95_ms.unwrap_or(f64::NAN));
@@ -630,6 +647,36 @@ fn verdicts(
             ours_p95 / smg_p95,
             mark(ours_p95 <= 0.8 * smg_p95)
         ));
+    }
+    // Every cache-aware policy of ours, not only the best: safe by default against round_robin's p95 and
+    // against SMG cache_aware's on both figures.
+    for workload in workloads {
+        let row = |name: &str| rows.get(&(name.to_owned(), workload.name));
+        let (Some(round_robin), smg) = (row("fleet-router round_robin"), row(&smg_cache)) else { continue };
+        for policy in ["consistent_hash", "cache_aware_approx", "kv_precise", "weighted_scorers"] {
+            let name = format!("fleet-router {policy}");
+            let Some(ours) = row(&name) else { continue };
+            let p95 = ours.ttft_p95_ms.unwrap_or(f64::INFINITY);
+            let rr = round_robin.ttft_p95_ms.unwrap_or(f64::NAN);
+            lines.push(format!(
+                "{}: target TTFT p95 <= round_robin's: {name} {p95:.0} ms vs {rr:.0} ms = {:.2} x, {}",
+                workload.name,
+                p95 / rr,
+                mark(p95 <= rr)
+            ));
+            if let Some(smg) = smg {
+                let smg_p95 = smg.ttft_p95_ms.unwrap_or(f64::NAN);
+                let (hit, smg_hit) = (ours.hit_rate.unwrap_or(0.0), smg.hit_rate.unwrap_or(0.0));
+                lines.push(format!(
+                    "{}: target beats smg cache_aware (p95 below, hit rate at most 0.5 point below or above): {name} \
+                     {p95:.0} vs {smg_p95:.0} ms, {:.1}% vs {:.1}%, {}",
+                    workload.name,
+                    hit * 100.0,
+                    smg_hit * 100.0,
+                    mark(p95 < smg_p95 && hit >= smg_hit - HIT_MATCH)
+                ));
+            }
+        }
     }
     let first = workloads.first().map_or("", |w| w.name);
     for (ours, theirs) in [

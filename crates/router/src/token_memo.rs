@@ -29,6 +29,10 @@ use tokenizers::Tokenizer;
 /// parting from a cached one re-encodes little, large enough that lookups cost far less than encoding.
 pub const CHUNK_BYTES: usize = 512;
 
+/// Longest chunk the memo keeps (a piece with no cut in it, such as a long run of digits or a base64 blob,
+/// is one chunk): longer ones are encoded and not kept, so one unique blob cannot push out what requests share.
+pub const MAX_MEMO_CHUNK_BYTES: usize = 64 << 10;
+
 /// The split patterns of byte-level tokenizers whose words end at a space (as in tokenizer.json): Llama 3's
 /// (also GPT-4's cl100k) and Qwen 2's (digits one at a time).
 const KNOWN_SPLIT_PATTERNS: [&str; 2] = [
@@ -246,6 +250,12 @@ impl ChunkMemo {
     /// Appends the ids of `piece`, text holding no added token, chunk by chunk through the memo.
     fn plain(&self, tokenizer: &Tokenizer, piece: &str, ids: &mut Vec<u32>) -> Result<(), String> {
         for chunk in chunks(piece, CHUNK_BYTES) {
+            if chunk.len() > MAX_MEMO_CHUNK_BYTES {
+                let encoded = encode(tokenizer, chunk, false)?;
+                self.counters.tokens_encoded.fetch_add(encoded.len() as u64, Ordering::Relaxed);
+                ids.extend_from_slice(&encoded);
+                continue;
+            }
             if let Some(found) = self.memo.get(chunk) {
                 ids.extend_from_slice(&found);
                 self.counters.tokens_memoised.fetch_add(found.len() as u64, Ordering::Relaxed);
@@ -407,6 +417,15 @@ mod tests {
             assert_eq!(memo.tokenize(tokenizer, &text, false), encode(tokenizer, &text, false));
         }
         assert!(memo.weight() <= 2048);
+    }
+
+    #[test]
+    fn a_chunk_too_long_to_keep_is_encoded_and_not_kept() {
+        let tokenizer = shared(false);
+        let memo = ChunkMemo::new(tokenizer, 64 << 20).expect("safe");
+        let blob = "7".repeat(MAX_MEMO_CHUNK_BYTES + 1);
+        assert_eq!(memo.tokenize(tokenizer, &blob, false), encode(tokenizer, &blob, false));
+        assert_eq!(memo.weight(), 0, "nothing kept");
     }
 
     proptest! {
