@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use fleet_policy::ReplicaMetrics;
-use fleet_telemetry::engines::LoadReader;
+use fleet_telemetry::engines::{Load, LoadReader};
 use fleet_telemetry::exposition;
 use fleet_telemetry::scrape::{ScrapeError, ScrapeLimits, fetch, metrics_url};
 
@@ -145,7 +145,7 @@ pub async fn scrape_once(
     url: &str,
     limits: ScrapeLimits,
     known: Option<LoadReader>,
-) -> Result<(EngineFigures, LoadReader), EngineScrapeError> {
+) -> Result<(Load, LoadReader), EngineScrapeError> {
     let text = fetch(client, url, limits).await?;
     let (load, reader) = tokio::task::spawn_blocking(move || {
         let malformed = |e: exposition::ParseError| EngineScrapeError::Malformed(e.to_string());
@@ -165,10 +165,7 @@ pub async fn scrape_once(
     if load.waiting.is_none() && load.running.is_none() {
         return Err(EngineScrapeError::NoLoad);
     }
-    Ok((
-        EngineFigures { waiting: load.waiting, running: load.running, kv_usage: load.kv_usage, at_ms: 0 },
-        reader,
-    ))
+    Ok((load, reader))
 }
 
 /// Scrapes one replica and hands good figures to its group's engine.
@@ -179,8 +176,13 @@ async fn scrape_replica(state: Arc<RouterState>, replica: Arc<Replica>, limits: 
     let now_ms = state.now_ms();
     *lock(&replica.engine_load.reader) = outcome.as_ref().ok().map(|(_, reader)| *reader);
     match outcome {
-        Ok((figures, _)) => {
-            let figures = EngineFigures { at_ms: now_ms, ..figures };
+        Ok((load, _)) => {
+            let figures = EngineFigures {
+                waiting: load.waiting,
+                running: load.running,
+                kv_usage: load.kv_usage,
+                at_ms: now_ms,
+            };
             // The group as it is now: a replica that moved group (its model learnt) reports to the new one.
             if let Some(group) = state.fleet.load().groups.get(&replica.model) {
                 let _ = lock(group.engine_for(replica.spec.role)).engine.set_metrics(

@@ -576,15 +576,20 @@ fn values(profile: &Profile, exposition: &Exposition, rank: Option<&str>) -> Val
 }
 
 /// Rank labels present on the profile's gauges and counters, sorted.
-fn ranks(exposition: &Exposition, profile: &Profile) -> Vec<String> {
+/// The names of the families an engine's load is read from, which also name its data-parallel ranks.
+fn load_names(profile: &Profile) -> Vec<&'static str> {
     let mut names = Vec::new();
     for src in
         [&profile.running, &profile.waiting, &profile.kv_usage, &profile.prompt_tokens].into_iter().flatten()
     {
         src.names(&mut names);
     }
+    names
+}
+
+fn ranks(exposition: &Exposition, profile: &Profile) -> Vec<String> {
     let mut ranks: BTreeMap<String, ()> = BTreeMap::new();
-    for name in names {
+    for name in load_names(profile) {
         for sample in exposition.samples_named(name).filter(|s| !is_peer_copy(s)) {
             if let Some(rank) = rank_of(sample) {
                 ranks.insert(rank.to_string(), ());
@@ -663,18 +668,7 @@ impl LoadReader {
     /// The load figures of an exposition's text, parsing only the families they come from. An exposition
     /// of another engine (a replica replaced behind its URL) gives no figures: detect again then.
     pub fn read_text(&self, text: &str) -> Result<Load, crate::exposition::ParseError> {
-        let mut names = Vec::new();
-        for src in [
-            &self.profile.running,
-            &self.profile.waiting,
-            &self.profile.kv_usage,
-            &self.profile.prompt_tokens,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            src.names(&mut names);
-        }
+        let names = load_names(self.profile);
         let exposition = crate::exposition::parse_families(text, |name| names.contains(&name))?;
         Ok(self.load_of(&exposition))
     }

@@ -396,17 +396,26 @@ fn an_unknown_endpoint_is_unsupported_and_lists_its_families() {
     assert!(message.contains("process_cpu_seconds_total"), "{message}");
 }
 
+/// Every fixture file: its path and text.
+fn every_fixture() -> Vec<(PathBuf, String)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            (path, text)
+        })
+        .collect()
+}
+
 #[test]
 fn every_fixture_cites_the_source_of_its_names() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let mut count = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let text = std::fs::read_to_string(&path).unwrap();
+    let fixtures = every_fixture();
+    for (path, text) in &fixtures {
         assert!(text.starts_with("# Source of names"), "{} does not cite its source", path.display());
-        count += 1;
     }
-    assert_eq!(count, 30);
+    assert_eq!(fixtures.len(), 30);
 }
 
 /// The readings of a fixture's two scrapes.
@@ -488,11 +497,8 @@ fn vllm_0_32_data_parallel_ranks_add_up_and_kv_usage_averages() {
 #[test]
 fn the_load_reader_reads_every_engines_load_as_the_whole_reading_has_it_from_a_few_families() {
     use fleet_telemetry::engines::LoadReader;
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let mut checked = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let text = std::fs::read_to_string(&path).unwrap();
+    for (path, text) in every_fixture() {
         let whole = parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let Ok(reading) = read(&whole) else { continue };
         let reader = LoadReader::detect(&whole).expect("the engine read() detected");
