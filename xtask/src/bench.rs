@@ -1,7 +1,7 @@
-//! `cargo xtask bench ...`: picks the benchmark, and launches the two that are examples of the control
-//! crate (`fidelity`, `etcd`). The router bench is in `router_bench.rs`, the peers bench in `peers.rs`,
+//! `cargo xtask bench ...`: picks the benchmark, and launches the three that are examples of other crates
+//! (`fidelity`, fleet-demo's; `etcd`, the control crate's; `skew`, fleet-sim's). The router bench is in `router_bench.rs`, the peers bench in `peers.rs`,
 //! many routers over one fleet (`bench routers`) in `routers.rs`, P/D thresholds live and in the what-if
-//! (`bench pd`) in `pd_bench.rs`, the replay goals under skew (`bench skew`) in fleet-sim's `skew` example,
+//! (`bench pd`) in `pd_bench.rs`,
 //! `bench real` in `real.rs` (llama.cpp) and `real_vllm.rs` (vLLM, with the peers); their shared process kit in `procs.rs`.
 
 use std::process::Command;
@@ -48,13 +48,17 @@ fn fidelity_bench(extra: &[String]) -> Result<()> {
 /// (`../shared/traces`, or the path given) and on hot-tenant `fleet-sim gen` workloads at several loads.
 fn skew_bench(extra: &[String]) -> Result<()> {
     let trace = match extra.first() {
-        Some(path) => path.clone(),
-        None => crate::root().join("../shared/traces/synthetic_trace.jsonl").to_string_lossy().into_owned(),
+        Some(path) if std::path::Path::new(path).exists() => Some(path.clone()),
+        Some(path) => {
+            return Err(format!("bench skew: no trace at {path}; give a Mooncake-format trace file"));
+        }
+        // The shared trace when it is there; the example runs the generated workloads alone otherwise.
+        None => Some(crate::root().join("../shared/traces/synthetic_trace.jsonl"))
+            .filter(|path| path.exists())
+            .map(|path| path.to_string_lossy().into_owned()),
     };
     let mut args = vec!["run", "--release", "-p", "fleet-sim", "--example", "skew", "--"];
-    if std::path::Path::new(&trace).exists() {
-        args.push(&trace);
-    }
+    args.extend(trace.as_deref());
     run(cargo(), &args, &[])
 }
 

@@ -59,6 +59,9 @@ const OUR_POLICIES: [&str; 8] = [
     "kv_precise",
     "weighted_scorers",
 ];
+/// fleet-policy's CACHE_AWARE_POLICY_NAMES (the source), each judged against round_robin and SMG.
+const OUR_CACHE_AWARE_POLICIES: [&str; 4] =
+    ["consistent_hash", "cache_aware_approx", "kv_precise", "weighted_scorers"];
 const SMG_POLICIES: [&str; 4] = ["round_robin", "cache_aware", "power_of_two", "prefix_hash"];
 
 /// Latency rounds (one connection, seconds each) of the added-latency measurement.
@@ -134,21 +137,27 @@ pub fn run_peers() -> Result<()> {
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
 
     let requests = requests_per_workload();
+    let only = std::env::var("FLEET_PEERS_WORKLOADS").ok();
+    let wanted = |name: &str| {
+        only.as_deref().is_none_or(|only| only.split(',').map(str::trim).any(|wanted| wanted == name))
+    };
     let mut workloads = Vec::new();
     let mooncake = root().join("../shared/traces/synthetic_trace.jsonl");
-    if mooncake.exists() {
-        workloads.push(Workload {
-            name: "mooncake",
-            trace: mooncake,
-            speedup: mooncake_speedup(),
-            max_requests: requests,
-        });
-    } else {
-        println!("(no Mooncake trace at {}: that workload is skipped)", mooncake.display());
+    if wanted("mooncake") {
+        if mooncake.exists() {
+            workloads.push(Workload {
+                name: "mooncake",
+                trace: mooncake,
+                speedup: mooncake_speedup(),
+                max_requests: requests,
+            });
+        } else {
+            println!("(no Mooncake trace at {}: that workload is skipped)", mooncake.display());
+        }
     }
     // The same generated traffic at the fleet's working load and at a light one (a third of it), where
     // cache-aware policies have the least to win and the most to lose against a strict turn.
-    for (name, rate) in [("gen", "12"), ("gen-light", "4")] {
+    for (name, rate) in [("gen", "12"), ("gen-light", "4")].into_iter().filter(|(name, _)| wanted(name)) {
         let trace = dir.join(format!("{name}.jsonl"));
         let gen_args = ["gen", "--requests", &requests.to_string(), "--rate", rate, "--seed", "7"];
         let out = Command::new(bin.join("fleet-sim"))
@@ -161,14 +170,11 @@ pub fn run_peers() -> Result<()> {
         }
         workloads.push(Workload { name, trace, speedup: 1.0, max_requests: requests });
     }
-    if let Ok(only) = std::env::var("FLEET_PEERS_WORKLOADS") {
-        let wanted: Vec<&str> = only.split(',').map(str::trim).filter(|w| !w.is_empty()).collect();
-        workloads.retain(|workload| wanted.contains(&workload.name));
-        if workloads.is_empty() {
-            return Err(format!(
-                "FLEET_PEERS_WORKLOADS={only:?} names no workload (mooncake, gen, gen-light)"
-            ));
-        }
+    if workloads.is_empty() {
+        return Err(format!(
+            "FLEET_PEERS_WORKLOADS={:?} names no workload here (mooncake, gen, gen-light)",
+            only.unwrap_or_default()
+        ));
     }
 
     let mut routers: Vec<RouterSpec> =
@@ -653,7 +659,7 @@ fn verdicts(
     for workload in workloads {
         let row = |name: &str| rows.get(&(name.to_owned(), workload.name));
         let (Some(round_robin), smg) = (row("fleet-router round_robin"), row(&smg_cache)) else { continue };
-        for policy in ["consistent_hash", "cache_aware_approx", "kv_precise", "weighted_scorers"] {
+        for policy in OUR_CACHE_AWARE_POLICIES {
             let name = format!("fleet-router {policy}");
             let Some(ours) = row(&name) else { continue };
             let p95 = ours.ttft_p95_ms.unwrap_or(f64::INFINITY);

@@ -35,10 +35,10 @@ pub use prefix_index::{InsertOutcome, Location, PrefixIndex};
 pub use replica::{ReplicaId, ReplicaNames};
 pub use request::{RequestId, RequestView};
 pub use spec::{
-    CacheAwareParams, ConsistentHashParams, HashingParams, KvPreciseParams, LoadGuardParams, LoadMetric,
-    LoadParams, MAX_SPEC_BYTES, MAX_SPEC_DEPTH, POLICY_NAMES, ParamDoc, ParamKind, PolicySpec, PrefixSource,
-    ResolvedPolicy, SCHEMA_VERSION, SPEC_PARSE_DEADLINE, SpecError, WeightedScorersParams, check_spec_text,
-    param_docs, policy_summary,
+    CACHE_AWARE_POLICY_NAMES, CacheAwareParams, ConsistentHashParams, HashingParams, KvPreciseParams,
+    LoadGuardParams, LoadMetric, LoadParams, MAX_SPEC_BYTES, MAX_SPEC_DEPTH, POLICY_NAMES, ParamDoc,
+    ParamKind, PolicySpec, PrefixSource, ResolvedPolicy, SCHEMA_VERSION, SPEC_PARSE_DEADLINE, SpecError,
+    WeightedScorersParams, check_spec_text, param_docs, policy_summary,
 };
 
 /// The CHWBL load bound, exposed so callers and tests can check it: a replica may take a request while

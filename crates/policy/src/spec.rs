@@ -26,6 +26,11 @@ pub const POLICY_NAMES: [&str; 8] = [
     "weighted_scorers",
 ];
 
+/// The policies that route by prompt prefix, each reviewed by the shared load guard (`load_guard`,
+/// `spread_wait_blocks`, `decode_wait_weight`): the ones judged against round_robin's TTFT and a peer's hit rate.
+pub const CACHE_AWARE_POLICY_NAMES: [&str; 4] =
+    ["consistent_hash", "cache_aware_approx", "kv_precise", "weighted_scorers"];
+
 /// One line on what each policy does, for the UI's policy picker.
 pub fn policy_summary(policy: &str) -> Option<&'static str> {
     Some(match policy {
@@ -1166,6 +1171,14 @@ impl fmt::Display for PolicySpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exactly_the_cache_aware_policies_take_the_load_guards_parameters() {
+        for name in POLICY_NAMES {
+            let guarded = param_docs(name).iter().any(|doc| doc.name == "load_guard");
+            assert_eq!(guarded, CACHE_AWARE_POLICY_NAMES.contains(&name), "{name}");
+        }
+    }
 
     #[test]
     fn default_is_round_robin_and_valid() {

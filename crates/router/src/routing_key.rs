@@ -100,14 +100,10 @@ impl HfTokenizer {
 #[cfg(feature = "tokenizer")]
 impl Tokenize for HfTokenizer {
     fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
-        if let Some(memo) = &self.memo {
-            return memo.tokenize(&self.tokenizer, text, add_special_tokens);
+        match &self.memo {
+            Some(memo) => memo.tokenize(&self.tokenizer, text, add_special_tokens),
+            None => crate::token_memo::encode(&self.tokenizer, text, add_special_tokens),
         }
-        // Without offsets (never read here): 13 % faster on a 4,347-token prompt (2.03 ms against 2.35).
-        self.tokenizer
-            .encode_fast(text, add_special_tokens)
-            .map(|encoding| encoding.get_ids().to_vec())
-            .map_err(|error| error.to_string())
     }
 
     fn has_chat_template(&self) -> bool {
@@ -122,28 +118,9 @@ impl Tokenize for HfTokenizer {
     }
 
     fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        use std::sync::atomic::Ordering;
-        let Some(memo) = &self.memo else { return };
-        crate::metrics::family(
-            out,
-            "fleet_router_tokenizer_tokens_total",
-            "counter",
-            "Prompt tokens by where their ids came from: the memo of chunks seen before, or the tokenizer.",
-        );
-        for (source, count) in [
-            ("memo", memo.counters.tokens_memoised.load(Ordering::Relaxed)),
-            ("tokenizer", memo.counters.tokens_encoded.load(Ordering::Relaxed)),
-        ] {
-            let _ = writeln!(out, "fleet_router_tokenizer_tokens_total{{source=\"{source}\"}} {count}");
+        if let Some(memo) = &self.memo {
+            memo.render_metrics(out);
         }
-        crate::metrics::scalar(
-            out,
-            "fleet_router_tokenizer_memo_bytes",
-            "gauge",
-            "Bytes the memo of tokenized prompt chunks holds (--tokenizer-memo-mb bounds it).",
-            memo.weight(),
-        );
     }
 }
 

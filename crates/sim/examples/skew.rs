@@ -11,7 +11,7 @@ use std::io::BufReader;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use fleet_policy::{POLICY_NAMES, PolicySpec};
+use fleet_policy::{CACHE_AWARE_POLICY_NAMES, POLICY_NAMES, PolicySpec};
 use fleet_sim::replay::{self, PreparedTrace, ReplayConfig, ReplayReport};
 use fleet_sim::workload::{Arrivals, GenConfig, generate};
 
@@ -20,7 +20,6 @@ const CAPACITY_BLOCKS: u32 = 2000;
 /// The goals' bounds (issue 35).
 const OF_BOUND_GOAL: f64 = 0.95;
 const P95_GOAL: f64 = 0.4;
-const CACHE_AWARE: [&str; 4] = ["consistent_hash", "cache_aware_approx", "kv_precise", "weighted_scorers"];
 
 struct Workload {
     name: String,
@@ -83,6 +82,7 @@ fn judge(workload: &Workload) -> Result<Verdict> {
             report.ttft_p95_s / rr
         );
     }
+    // The pooled reference is the trace's and the fleet's, the same in every policy's report.
     let unqueued = reports[0].1.unqueued_ttft_p95_s;
     println!(
         "{:<20} {:>6.3} {:>9} {unqueued:>9.3} {:>8.2}",
@@ -106,7 +106,7 @@ fn judge(workload: &Workload) -> Result<Verdict> {
         .iter()
         .filter(|(_, r)| r.ttft_p95_s > rr)
         .map(|(name, r)| {
-            let kind = if CACHE_AWARE.contains(name) { "" } else { " (cache-blind)" };
+            let kind = if CACHE_AWARE_POLICY_NAMES.contains(name) { "" } else { " (cache-blind)" };
             format!("{name}{kind} {:.2}x", r.ttft_p95_s / rr)
         })
         .collect();

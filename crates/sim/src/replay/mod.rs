@@ -292,10 +292,8 @@ pub fn replay(
         let end = outcomes.iter().filter_map(|o| o.finished).max().unwrap_or(0);
         progress(Progress { routed: total, total, virtual_s: end as f64 / 1e6 });
     }
-    let pooled_capacity = u64::from(capacity) * u64::from(config.replicas);
-    let pooled = pooled::pooled_bound_hit_rate(trace, pooled_capacity);
+    let pooled = pooled::reference(trace, u64::from(capacity) * u64::from(config.replicas), &engine_config);
     let mut report = report::build(&outcomes, &engines, pooled);
-    report.unqueued_ttft_p95_s = pooled::unqueued_ttft_p95(trace, pooled_capacity, &engine_config);
     report.pd = prefill.map(|prefill| prefill.report(&outcomes));
     Ok(report)
 }

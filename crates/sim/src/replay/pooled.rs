@@ -7,7 +7,7 @@
 //! the first (so under pressure a prefix loses its tail before its head, as engines free tail blocks
 //! first). Beyond capacity the least recently touched block is evicted.
 //!
-//! Its TTFT counterpart, [`unqueued_ttft_p95`]: each request's prefill of what the pooled cache misses, run
+//! Its TTFT counterpart ([`reference`]'s `unqueued_ttft_p95_s`): each request's prefill of what the pooled cache misses, run
 //! alone on an idle engine. No queueing, no batching, the pooled cache's hits: what a policy's TTFT p95
 //! would be with nothing left to win by placement. When round_robin's p95 is already near it, no policy
 //! can cut much from it; the gap between the two is what routing can win.
@@ -61,14 +61,24 @@ pub fn pooled_cached_tokens(trace: &PreparedTrace, capacity_blocks: u64) -> Vec<
         .collect()
 }
 
-/// TTFT p95 (nearest rank, seconds) with the pooled cache's hits and no queueing (see the module docs): each
-/// request's uncached tokens prefilled alone, in chunks of the engine's token budget, by its cost model.
-pub fn unqueued_ttft_p95(trace: &PreparedTrace, capacity_blocks: u64, engine: &EngineConfig) -> f64 {
+/// The pooled cache's reference figures for one trace and fleet capacity, from one pass of the pooled LRU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PooledReference {
+    /// Pooled cached tokens / prompt tokens: the hit rate no routing passes.
+    pub hit_rate: f64,
+    /// TTFT p95 (nearest rank, seconds) with the pooled cache's hits and no queueing (see the module docs).
+    pub unqueued_ttft_p95_s: f64,
+}
+
+/// The pooled cache of `capacity_blocks` blocks over `trace`, with `engine`'s cost model and token budget
+/// for the unqueued TTFT: each request's uncached tokens prefilled alone, in chunks of that budget.
+pub fn reference(trace: &PreparedTrace, capacity_blocks: u64, engine: &EngineConfig) -> PooledReference {
+    let cached = pooled_cached_tokens(trace, capacity_blocks);
     let budget = engine.max_num_batched_tokens.max(1);
-    let mut ttfts: Vec<f64> = pooled_cached_tokens(trace, capacity_blocks)
-        .into_iter()
+    let mut ttfts: Vec<f64> = cached
+        .iter()
         .zip(&trace.requests)
-        .map(|(cached, request)| {
+        .map(|(&cached, request)| {
             let mut start =
                 u32::try_from(cached).unwrap_or(u32::MAX).min(request.prompt_tokens.saturating_sub(1));
             let mut micros = 0;
@@ -81,12 +91,10 @@ pub fn unqueued_ttft_p95(trace: &PreparedTrace, capacity_blocks: u64, engine: &E
         })
         .collect();
     ttfts.sort_by(f64::total_cmp);
-    fleet_base::quantile::nearest_rank(&ttfts, 0.95).unwrap_or(0.0)
-}
-
-/// Pooled bound hit rate: pooled cached tokens / prompt tokens.
-pub fn pooled_bound_hit_rate(trace: &PreparedTrace, capacity_blocks: u64) -> f64 {
-    let cached: u64 = pooled_cached_tokens(trace, capacity_blocks).iter().sum();
     let prompt: u64 = trace.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum();
-    if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 }
+    let cached: u64 = cached.iter().sum();
+    PooledReference {
+        hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
+        unqueued_ttft_p95_s: fleet_base::quantile::nearest_rank(&ttfts, 0.95).unwrap_or(0.0),
+    }
 }

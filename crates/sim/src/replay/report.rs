@@ -50,8 +50,8 @@ pub struct ReplayReport {
     pub imbalance: f64,
     /// Hit rate of one LRU cache with the fleet's total capacity on the same trace.
     pub pooled_bound_hit_rate: f64,
-    /// TTFT p95 with the pooled cache's hits and no queueing ([`super::pooled::unqueued_ttft_p95`]): what
-    /// is left when placement has nothing more to win.
+    /// TTFT p95 with the pooled cache's hits and no queueing ([`super::pooled::reference`]): what is left
+    /// when placement has nothing more to win.
     #[serde(default)]
     pub unqueued_ttft_p95_s: f64,
     /// Per replica, in index order (the decode replicas in a P/D replay).
@@ -74,7 +74,7 @@ fn ratio(a: u64, b: u64) -> f64 {
 pub(super) fn build(
     outcomes: &[Outcome],
     engines: &[EngineModel],
-    pooled_bound_hit_rate: f64,
+    pooled: super::pooled::PooledReference,
 ) -> ReplayReport {
     let seconds = |us: u64| us as f64 / 1e6;
     let mut ttfts: Vec<f64> = Vec::with_capacity(outcomes.len());
@@ -136,8 +136,8 @@ pub(super) fn build(
         tpot_mean_s: if tpot_n == 0 { 0.0 } else { tpot_sum / tpot_n as f64 },
         throughput_tok_s: if span > 0.0 { output as f64 / span } else { 0.0 },
         imbalance,
-        pooled_bound_hit_rate,
-        unqueued_ttft_p95_s: 0.0,
+        pooled_bound_hit_rate: pooled.hit_rate,
+        unqueued_ttft_p95_s: pooled.unqueued_ttft_p95_s,
         per_replica: per,
         pd: None,
     }
@@ -226,7 +226,7 @@ pub fn format_comparison(rows: &[(String, ReplayReport)]) -> String {
     }
     if let Some((_, first)) = rows.first() {
         text.push_str(&format!(
-            "{:<20} {:>8.3} {:>8} {:>8} {:>9} {:>9.3}    (the pooled cache's hits, no queueing: what placement cannot beat)\n",
+            "{:<20} {:>8.3} {:>8} {:>8} {:>9} {:>9.3}    (the pooled cache's hits, no queueing: what placement works toward)\n",
             "pooled_unqueued", first.pooled_bound_hit_rate, "", "", "", first.unqueued_ttft_p95_s
         ));
     }
