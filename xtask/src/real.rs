@@ -40,11 +40,49 @@ const OUTPUT_TOKENS: u32 = 8;
 const POLICIES: [&str; 3] = ["round_robin", "consistent_hash", "cache_aware_approx"];
 const MODEL: &str = "tiny-llama";
 
-pub(crate) fn requests() -> u64 {
-    crate::procs::env_positive("FLEET_REAL_REQUESTS", 90)
+/// The trace's shape: `FLEET_REAL_WORKLOAD`, `even` (the default) or `hot`.
+/// - `even`: every group alike, 90 requests one every 500 ms (light load: placement decides hits, not
+///   queueing).
+/// - `hot`: one tenant's group takes half the requests, 300 of them one every 100 ms, so a router that pins
+///   the hot prefix to one server queues it there (issue 35's skew, on real engines).
+///
+/// `FLEET_REAL_REQUESTS`, `FLEET_REAL_GAP_MS` and `FLEET_REAL_HOT_SHARE` (0 to 1) change either preset.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Workload {
+    pub(crate) name: &'static str,
+    pub(crate) requests: u64,
+    pub(crate) gap_ms: u64,
+    /// Share of the requests that go to group 0.
+    pub(crate) hot_share: f64,
 }
-fn gap_ms() -> u64 {
-    crate::procs::env_positive("FLEET_REAL_GAP_MS", 500)
+
+impl Workload {
+    pub(crate) fn from_env() -> Result<Workload> {
+        let preset = match std::env::var("FLEET_REAL_WORKLOAD").as_deref().map(str::trim) {
+            Err(_) | Ok("" | "even") => Workload { name: "even", requests: 90, gap_ms: 500, hot_share: 0.0 },
+            Ok("hot") => Workload { name: "hot", requests: 300, gap_ms: 100, hot_share: 0.5 },
+            Ok(other) => {
+                return Err(format!("FLEET_REAL_WORKLOAD={other:?} is not a workload here; use even or hot"));
+            }
+        };
+        use crate::procs::env_positive;
+        Ok(Workload {
+            requests: env_positive("FLEET_REAL_REQUESTS", preset.requests),
+            gap_ms: env_positive("FLEET_REAL_GAP_MS", preset.gap_ms),
+            hot_share: env_positive("FLEET_REAL_HOT_SHARE", preset.hot_share).min(1.0),
+            ..preset
+        })
+    }
+
+    /// One line for the table's header.
+    pub(crate) fn describe(&self) -> String {
+        let hot = if self.hot_share > 0.0 {
+            format!(", {:.0} % of them one hot group's", self.hot_share * 100.0)
+        } else {
+            String::new()
+        };
+        format!("workload {}: {} requests, one every {} ms{hot}", self.name, self.requests, self.gap_ms)
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -68,7 +106,8 @@ pub fn run_real() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("fleet-real-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let trace = dir.join("trace.jsonl");
-    write_trace(&trace)?;
+    let workload = Workload::from_env()?;
+    write_trace(&trace, &workload)?;
     let started = Instant::now();
     let mut rows = Vec::new();
     for policy in POLICIES {
@@ -92,12 +131,10 @@ pub fn run_real() -> Result<()> {
     }
     println!(
         "\n{REPLICAS} llama-server b11434 replicas ({SLOTS} slots, ctx {CTX}, 1 thread each, model {}), cold per row; \
-         trace: {} requests, {GROUPS} groups sharing {} tokens + {BLOCK_TOKENS} own, {OUTPUT_TOKENS} output tokens, one \
-         every {} ms",
+         trace: {GROUPS} groups sharing {} tokens + {BLOCK_TOKENS} own, {OUTPUT_TOKENS} output tokens; {}",
         engine.model.file_name().unwrap_or_default().to_string_lossy(),
-        requests(),
         SHARED_BLOCKS * u64::from(BLOCK_TOKENS),
-        gap_ms()
+        workload.describe()
     );
     println!(
         "{:<20} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>7} {:>8} {:>10}",
@@ -157,18 +194,21 @@ pub fn run_real() -> Result<()> {
 }
 
 /// The prefix-sharing trace (see the module docs).
-pub(crate) fn write_trace(path: &Path) -> Result<()> {
+pub(crate) fn write_trace(path: &Path, workload: &Workload) -> Result<()> {
     let mut lines = String::new();
-    for i in 0..requests() {
+    let hot_per_mille = (workload.hot_share * 1000.0).round() as u64;
+    for i in 0..workload.requests {
         // A scrambled group order: with `i % GROUPS` and GROUPS a multiple of the replicas, round-robin would
         // send every group to one replica by accident and look cache-aware (seen in the first run).
-        let group = (i.wrapping_mul(2_654_435_761) >> 7) % GROUPS;
+        // The hot group's requests are drawn from other bits of the same number, so they are spread evenly too.
+        let scrambled = i.wrapping_mul(2_654_435_761) >> 7;
+        let group = if (scrambled >> 8) % 1000 < hot_per_mille { 0 } else { scrambled % GROUPS };
         let mut hash_ids: Vec<u64> = (0..SHARED_BLOCKS).map(|b| group * 1000 + b).collect();
         hash_ids.push(1_000_000 + i);
         let input = (SHARED_BLOCKS + 1) * u64::from(BLOCK_TOKENS);
         lines.push_str(&format!(
             "{{\"timestamp\": {}, \"input_length\": {input}, \"output_length\": {OUTPUT_TOKENS}, \"hash_ids\": {hash_ids:?}, \"block_tokens\": {BLOCK_TOKENS}}}\n",
-            i * gap_ms()
+            i * workload.gap_ms
         ));
     }
     fs::write(path, lines).map_err(|e| format!("cannot write {}: {e}", path.display()))

@@ -8,8 +8,9 @@
 //! tokenizer makes each prompt about 1,480 tokens, 44 blocks of them shared by a group of 20): a router that
 //! sends every group everywhere evicts what it will need next, and one that keeps groups apart keeps them
 //! cached. The trace is `bench real`'s (groups of requests sharing a long prefix, one block each of
-//! their own, evenly spaced; `FLEET_REAL_REQUESTS`, `FLEET_REAL_GAP_MS`), replayed by `fleet-sim bench` as
-//! streamed chat completions.
+//! their own, evenly spaced), replayed by `fleet-sim bench` as streamed chat completions. Two shapes
+//! (`FLEET_REAL_WORKLOAD`): `even` (every group alike, light load: placement decides) and `hot` (one group
+//! takes half of 300 requests at 10 a second: a router that pins it to its server queues it there).
 //!
 //! Per row: client-side TTFT p50/p95, the prefix hit rate vLLM itself counted (`vllm:prefix_cache_hits_total`
 //! over queries, read through fleetdeck's telemetry over the row), and the prompt tokens vLLM computed
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use crate::peers::{Kind, RouterSpec, ensure_peers, http_status, peer_command, spawn_router};
 use crate::procs::{Guard, free_port};
-use crate::real::{Row, bench_once, curl, metric, write_trace};
+use crate::real::{Row, Workload, bench_once, curl, metric, write_trace};
 use crate::vllm::{Vllm, ensure_vllm};
 use crate::{Result, cargo, run, target_dir};
 
@@ -75,7 +76,8 @@ pub fn run_real_vllm() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("fleet-real-vllm-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let trace = dir.join("trace.jsonl");
-    write_trace(&trace)?;
+    let workload = Workload::from_env()?;
+    write_trace(&trace, &workload)?;
 
     let mut routers = ROUTERS.to_vec();
     if let Ok(only) = std::env::var("FLEET_REAL_ROUTERS") {
@@ -142,7 +144,7 @@ pub fn run_real_vllm() -> Result<()> {
     }
     drop(servers);
     let table: Vec<(String, Row)> = rows.iter().map(|(n, r, _)| (n.clone(), r.clone())).collect();
-    print_table(&table);
+    print_table(&table, &workload);
     if let Some((_, _, used)) = rows.iter().find(|(n, _, _)| n == "fleet-router round_robin") {
         fidelity(&bin, &dir, used, &table)?;
     }
@@ -316,14 +318,14 @@ fn start_router(
     Ok((guard, format!("http://127.0.0.1:{port}")))
 }
 
-fn print_table(rows: &[(String, Row)]) {
+fn print_table(rows: &[(String, Row)], workload: &Workload) {
     let prompt_tokens = rows.iter().map(|(_, r)| r.computed + r.cached).sum::<f64>();
     let completed = rows.iter().map(|(_, r)| r.completed).sum::<f64>();
     println!(
         "\n{SERVERS} vLLM 0.32.0 CPU servers ({} KV blocks of {BLOCK_SIZE} tokens each), prefix caches emptied \
-         before each row; trace: {} requests of {:.0} prompt tokens on average",
+         before each row; {} of {:.0} prompt tokens on average",
         kv_blocks(),
-        crate::real::requests(),
+        workload.describe(),
         prompt_tokens / completed.max(1.0)
     );
     println!(

@@ -247,7 +247,9 @@ impl ReplicaConnections {
         loop {
             let (mut sender, fresh) = match self.idle.take(self.timeouts.idle) {
                 Some(sender) => (sender, false),
-                None => (self.connect().await?, true),
+                // Boxed: most requests find an idle connection, and an inline connect future (the TCP
+                // connect and the HTTP/1 handshake) would make every request's future larger.
+                None => (Box::pin(self.connect()).await?, true),
             };
             match sender.try_send_request(request).await {
                 Ok(response) => return Ok((response, sender)),
