@@ -142,7 +142,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// The load guard's invariant: with it on, no cache-aware pick (consistent_hash's included) starts its request (queued prefill blocks
-    /// plus the prompt blocks to prefill there) more than `spread_wait_blocks` after the soonest eligible
+    /// plus the prompt blocks to prefill there) more than `spread_wait_tokens` (in its blocks) after the soonest eligible
     /// replica would.
     #[test]
     fn the_load_guard_bounds_the_chosen_replicas_expected_wait(
@@ -155,7 +155,8 @@ proptest! {
     ) {
         let name = ["cache_aware_approx", "kv_precise", "weighted_scorers", "consistent_hash"][policy];
         let ids: Vec<ReplicaId> = (0..u32::from(replicas)).map(ReplicaId).collect();
-        let spec = spec_for(name, extra).with("spread_wait_blocks", spread);
+        // Every routed prompt here has 16 tokens a block, so the bound is `spread` blocks.
+        let spec = spec_for(name, extra).with("spread_wait_tokens", spread * 16);
         let mut engine = Engine::new(spec, &ids).expect("valid");
         let mut rng = StdRng::seed_from_u64(seed);
         let (mut next_request, mut outstanding) = (1, Vec::new());
