@@ -46,7 +46,8 @@ const MODEL: &str = "tiny-llama";
 /// - `hot`: one tenant's group takes half the requests, 300 of them one every 100 ms, so a router that pins
 ///   the hot prefix to one server queues it there (issue 35's skew, on real engines).
 ///
-/// `FLEET_REAL_REQUESTS`, `FLEET_REAL_GAP_MS` and `FLEET_REAL_HOT_SHARE` (0 to 1) change either preset.
+/// `FLEET_REAL_REQUESTS`, `FLEET_REAL_GAP_MS` and `FLEET_REAL_HOT_SHARE` (above 0, at most 1) change either
+/// preset; for no hot group use `even`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Workload {
     pub(crate) name: &'static str,

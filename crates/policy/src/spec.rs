@@ -738,7 +738,7 @@ fn load_guard_docs(spread_wait_tokens: i64) -> Vec<ParamDoc> {
 /// that guess what a replica holds (from their own routing, or a hash ring). A guess misses evictions, so it
 /// counts too little prefill at a prefix's owner: a looser bound (16,384) let cache_aware_approx and
 /// weighted_scorers queue the hot tenant of `bench peers`' gen workload to a TTFT p95 of 1.5 s (replay),
-/// three times this bound's.
+/// 2.7 times this bound's.
 const DEFAULT_SPREAD_WAIT_TOKENS: i64 = 8192;
 /// kv_precise's default bound: its index follows the replicas' evictions, so its expected waits hold and a
 /// looser bound buys hit rate without the queueing (Mooncake: 0.95 of the pooled bound against 0.93 at

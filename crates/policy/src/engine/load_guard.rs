@@ -6,18 +6,21 @@
 //! a replica's queued prefill (`active_prefill_blocks`: blocks of its requests still in prefill that were
 //! not cached there when routed), plus `decode_wait_weight` per block its decoding requests hold (every
 //! engine step also runs their attention over those blocks, which slows the prefill behind them), plus,
-//! for this request, the blocks it would recompute there (prompt blocks minus the replica's match). A policy's choice `o` stands when
-//! `wait(o) + uncached(o) <= wait(l) + uncached(l) + bound`, where `l` is the eligible replica with the
-//! least `wait + uncached` and `bound` is `spread_wait_tokens` in this request's blocks.
+//! for this request, the blocks it would recompute there (prompt blocks minus the replica's match). A
+//! policy's choice `o` stands when `wait(o) + uncached(o) <= wait(l) + uncached(l) + bound`, where `l` is
+//! the eligible replica with the least `wait + uncached` and `bound` is `spread_wait_tokens` in this
+//! request's blocks.
 //!
 //! The bound is set in tokens because a block's size is not the guard's to know: the router cuts 16-token
 //! blocks (or 64-byte text chunks), engines 32 or more, a Mooncake trace 512. Set in blocks, one default
 //! meant 512 tokens behind a router and 16,384 in a trace replay: the guard tuned on the one spread far too
 //! eagerly on the other (2-4 points of hit rate lost on `bench peers`' gen workload for no TTFT gain). The
-//! request's own size converts it: tokens per block = prompt tokens / prompt blocks. SGLang's balance thresholds and llm-d's queue filter compare
-//! request counts, which say nothing of how long the queued prompts are; Dynamo's cost counts the blocks
-//! but weighs cache overlap so strongly (overlap_weight 4) that a hot prefix's owner wins until it is
-//! several prompts behind. The guard states the trade in the one unit that matters for TTFT and bounds it.
+//! request's own size converts it: tokens per block = prompt tokens / prompt blocks.
+//!
+//! SGLang's balance thresholds and llm-d's queue filter compare request counts, which say nothing of how
+//! long the queued prompts are; Dynamo's cost counts the blocks but weighs cache overlap so strongly
+//! (overlap_weight 4) that a hot prefix's owner wins until it is several prompts behind. The guard states
+//! the trade in the one unit that matters for TTFT and bounds it.
 
 use super::cache_aware::Fixed;
 use super::{Engine, PickInProgress, argmin_by};
