@@ -687,7 +687,7 @@ fn hashing_docs() -> [ParamDoc; 2] {
             "block_tokens",
             1,
             4096,
-            16,
+            DEFAULT_BLOCK_TOKENS as i64,
             "Tokens per KV block when prompts come as tokens; must equal the engines' block size for kv_precise.",
         ),
         integer(
@@ -744,6 +744,8 @@ const DEFAULT_SPREAD_WAIT_TOKENS: i64 = 8192;
 /// looser bound buys hit rate without the queueing (Mooncake: 0.95 of the pooled bound against 0.93 at
 /// 8,192 tokens, the same TTFT p95).
 const PRECISE_SPREAD_WAIT_TOKENS: i64 = 16_384;
+/// Tokens per block the router cuts token prompts into unless told (`block_tokens`).
+pub(crate) const DEFAULT_BLOCK_TOKENS: usize = 16;
 /// The load guard's default weight of decoding blocks in the expected wait (see `load_guard_docs`).
 const DEFAULT_DECODE_WAIT_WEIGHT: f64 = 0.1;
 
@@ -1023,7 +1025,7 @@ pub struct HashingParams {
 
 impl Default for HashingParams {
     fn default() -> Self {
-        Self { block_tokens: 16, chunk_bytes: 64 }
+        Self { block_tokens: DEFAULT_BLOCK_TOKENS, chunk_bytes: 64 }
     }
 }
 

@@ -26,7 +26,7 @@ use super::cache_aware::Fixed;
 use super::{Engine, PickInProgress, argmin_by};
 use crate::decision::Branch;
 use crate::request::RequestView;
-use crate::spec::LoadGuardParams;
+use crate::spec::{DEFAULT_BLOCK_TOKENS, LoadGuardParams};
 
 /// One eligible replica's figures, in prefill blocks.
 #[derive(Clone, Copy)]
@@ -55,18 +55,16 @@ fn start_of(
     Start { wait, uncached: prompt_blocks.saturating_sub(matched) }
 }
 
-/// `spread_wait_tokens` in blocks of this request's size: the prompt's tokens over its blocks, or
-/// `NOMINAL_BLOCK_TOKENS` for a prompt shorter than one block (whose size says nothing of a block's).
+/// `spread_wait_tokens` in blocks of this request's size: the prompt's tokens over its blocks, or the
+/// router's default block (`DEFAULT_BLOCK_TOKENS`) for a prompt shorter than one block (whose size says
+/// nothing of a block's).
 fn bound_blocks(guard: &LoadGuardParams, view: &RequestView) -> f64 {
     let tokens_per_block = match view.block_hashes.len() {
-        0 => NOMINAL_BLOCK_TOKENS,
+        0 => DEFAULT_BLOCK_TOKENS as f64,
         blocks => (f64::from(view.prompt_tokens) / blocks as f64).max(1.0),
     };
     guard.spread_wait_tokens as f64 / tokens_per_block
 }
-
-/// Tokens per block where a request cannot tell: the router's default block (`HashingParams`).
-const NOMINAL_BLOCK_TOKENS: f64 = 16.0;
 
 /// Reviews the policy's choice in `pick` (already decided, matches filled) and moves it when the chosen
 /// replica would start this request more than `spread_wait_tokens` later than the soonest eligible one.
@@ -144,6 +142,6 @@ mod tests {
         assert!((bound_blocks(&guard, &view(1_010, 63)) - 8192.0 * 63.0 / 1_010.0).abs() < 1e-9);
         assert_eq!(bound_blocks(&guard, &view(3, 8)), 8192.0);
         // A prompt shorter than one block says nothing of a block's size: the nominal one.
-        assert_eq!(bound_blocks(&guard, &view(10, 0)), 8192.0 / NOMINAL_BLOCK_TOKENS);
+        assert_eq!(bound_blocks(&guard, &view(10, 0)), 8192.0 / 16.0);
     }
 }
