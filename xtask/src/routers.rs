@@ -15,7 +15,9 @@
 //! The workload is the `fleet-sim gen` trace of `bench peers` (tenants with hot system prompts, sessions, RAG
 //! documents) at 12 req/s, and the first requests of the Mooncake trace in `../shared/traces` when it is
 //! there. FLEET_ROUTERS_REQUESTS (default 300) and FLEET_ROUTERS_POLICIES (comma-separated) narrow a run;
-//! FLEET_ROUTERS_COUNTS (default `1,4`) sets the router counts. Not part of CI: it is a benchmark.
+//! FLEET_ROUTERS_COUNTS (default `1,4`) sets the router counts, FLEET_ROUTERS_WORKLOADS (`gen`, `mooncake`)
+//! the workloads and FLEET_ROUTERS_METRICS_MS the routers' `--engine-metrics-ms`. Not part of CI: it is a
+//! benchmark.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -67,6 +69,9 @@ pub fn run_routers() -> Result<()> {
         println!("(no Mooncake trace at {}: that workload is skipped)", mooncake.display());
     }
 
+    if let Some(names) = env_list("FLEET_ROUTERS_WORKLOADS") {
+        workloads.retain(|w| names.iter().any(|n| n == w.name));
+    }
     let started = Instant::now();
     let mut rows: BTreeMap<(&'static str, String, usize), Row> = BTreeMap::new();
     for workload in &workloads {
@@ -116,6 +121,9 @@ fn start_router(
     let policy_file = dir.join(format!("{policy}.json"));
     fs::write(&policy_file, format!(r#"{{"policy": "{policy}"}}"#)).map_err(|e| e.to_string())?;
     let mut args = vec!["--policy-file".to_owned(), policy_file.to_string_lossy().into()];
+    if let Ok(ms) = std::env::var("FLEET_ROUTERS_METRICS_MS") {
+        args.extend(["--engine-metrics-ms".to_owned(), ms]);
+    }
     for (url, (kv, replay)) in fleet.urls.iter().zip(&fleet.kv) {
         args.push("--replica".to_owned());
         args.push(format!("{url},kv={kv},kv_replay={replay}"));

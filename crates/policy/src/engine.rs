@@ -147,7 +147,37 @@ pub struct Engine {
     ring: Vec<(u64, u32)>,
     /// Reported metrics older than this are ignored (`None`: they never age out).
     metrics_max_age_ms: Option<u64>,
+    /// Moving means of the prefill and prompt blocks of the requests this engine routed: the size the load
+    /// guard gives a request another router sent, which only the replica's reported counts show.
+    routed_size: Option<RoutedSize>,
 }
+
+/// Moving means of routed requests' sizes, in blocks (see `Engine::routed_size`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct RoutedSize {
+    prefill_blocks: f64,
+    prompt_blocks: f64,
+}
+
+/// Estimated blocks of the requests other routers sent to a replica (see [`Engine::foreign_blocks`]):
+/// `prefill` still to prefill, `decode` held by requests past their prefill.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct ForeignBlocks {
+    pub(crate) prefill: f64,
+    pub(crate) decode: f64,
+}
+
+/// What one request another router sent is taken to weigh (see [`Engine::foreign_weights`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct ForeignWeights {
+    /// A request the replica reports waiting: all of it still to prefill.
+    queued: ForeignBlocks,
+    /// A request the replica reports running: in prefill or decode, as this engine's own are.
+    running: ForeignBlocks,
+}
+
+/// Weight of each routed request in [`RoutedSize`]'s moving means: about the last 32 requests count.
+const ROUTED_SIZE_WEIGHT: f64 = 1.0 / 32.0;
 
 impl Engine {
     /// An engine running `spec` over `replicas` (duplicates are ignored), all healthy and idle.
@@ -166,6 +196,7 @@ impl Engine {
             last_routed_slot: None,
             ring: Vec::new(),
             metrics_max_age_ms: None,
+            routed_size: None,
         };
         engine.apply_capacities();
         for replica in replicas {
@@ -272,6 +303,78 @@ impl Engine {
             running: clamp(running),
             kv_usage: metrics.kv_usage,
         })
+    }
+
+    /// Requests on a replica that this engine did not send, as its fresh reported metrics show them at
+    /// `now_ms`: (queued, running), what the seen load holds beyond this engine's own outstanding requests,
+    /// split in the reported queue:running proportion. `None` without fresh metrics.
+    fn foreign_requests(&self, state: &ReplicaState, now_ms: u64) -> Option<(f64, f64)> {
+        let seen = self.seen_of(state, now_ms)?;
+        let (queued, running) = (f64::from(seen.queue_depth), f64::from(seen.running));
+        let foreign = (queued + running - state.outstanding as f64).max(0.0);
+        if foreign == 0.0 {
+            return Some((0.0, 0.0));
+        }
+        let queued_share = queued / (queued + running);
+        Some((foreign * queued_share, foreign * (1.0 - queued_share)))
+    }
+
+    /// What a request another router sent is taken to weigh: the traffic of several routers over one
+    /// fleet is alike, so like this engine's own. A waiting one weighs the mean prefill of the requests
+    /// this engine routed. A running one weighs what this engine's outstanding requests hold on average
+    /// now, in prefill and in decode: engines (vLLM, fleet-sim) report a request in chunked prefill as
+    /// running, so most of a loaded fleet's queued prefill shows up there, not as waiting. Before this
+    /// engine routed anything, a prompt of `prompt_blocks` (the request being placed), running ones in
+    /// decode.
+    fn foreign_weights(&self, prompt_blocks: u64) -> ForeignWeights {
+        let size = self.routed_size.unwrap_or(RoutedSize {
+            prefill_blocks: prompt_blocks as f64,
+            prompt_blocks: prompt_blocks as f64,
+        });
+        let (mut outstanding, mut prefill, mut decode) = (0u64, 0u64, 0u64);
+        for state in self.slots.iter().flatten() {
+            outstanding += state.outstanding;
+            prefill += state.active_prefill_blocks;
+            decode += state.active_decode_blocks;
+        }
+        let running = if outstanding == 0 {
+            ForeignBlocks { prefill: 0.0, decode: size.prompt_blocks }
+        } else {
+            let n = outstanding as f64;
+            ForeignBlocks { prefill: prefill as f64 / n, decode: decode as f64 / n }
+        };
+        ForeignWeights { queued: ForeignBlocks { prefill: size.prefill_blocks, decode: 0.0 }, running }
+    }
+
+    /// The blocks of the requests other routers sent to a replica, by its fresh metrics at `now_ms`, each
+    /// request weighing `weights` (none without fresh metrics).
+    fn foreign_blocks(&self, state: &ReplicaState, now_ms: u64, weights: ForeignWeights) -> ForeignBlocks {
+        self.foreign_requests(state, now_ms).map_or(ForeignBlocks::default(), |(queued, running)| {
+            ForeignBlocks {
+                prefill: queued * weights.queued.prefill + running * weights.running.prefill,
+                decode: queued * weights.queued.decode + running * weights.running.decode,
+            }
+        })
+    }
+
+    /// The load guard's expected wait on `replica` at `now_ms`, in blocks of prefill, for a prompt of
+    /// `prompt_blocks` (see the load guard's module docs): its queued prefill, `decode_wait_weight` per
+    /// block its decoding requests hold, and what other routers' requests weigh by its fresh metrics.
+    pub fn expected_wait_blocks(
+        &self,
+        replica: ReplicaId,
+        now_ms: u64,
+        prompt_blocks: u64,
+        decode_wait_weight: f64,
+    ) -> Option<f64> {
+        let slot = *self.slot_of.get(&replica)?;
+        let state = self.slots.get(slot as usize)?.as_ref()?;
+        let foreign = self.foreign_blocks(state, now_ms, self.foreign_weights(prompt_blocks));
+        Some(
+            state.active_prefill_blocks as f64
+                + foreign.prefill
+                + decode_wait_weight * (state.active_decode_blocks as f64 + foreign.decode),
+        )
     }
 
     /// Whether a replica's metrics were reported but are too old to count at `now_ms`.
@@ -417,6 +520,14 @@ impl Engine {
         let cached = cached_index.match_location(slot, &view.block_hashes) as u64;
         let prompt_blocks = view.block_hashes.len() as u64;
         let prefill_blocks = prompt_blocks.saturating_sub(cached);
+        let (prefill, prompt) = (prefill_blocks as f64, prompt_blocks as f64);
+        self.routed_size = Some(match self.routed_size {
+            None => RoutedSize { prefill_blocks: prefill, prompt_blocks: prompt },
+            Some(mean) => RoutedSize {
+                prefill_blocks: mean.prefill_blocks + ROUTED_SIZE_WEIGHT * (prefill - mean.prefill_blocks),
+                prompt_blocks: mean.prompt_blocks + ROUTED_SIZE_WEIGHT * (prompt - mean.prompt_blocks),
+            },
+        });
         let tracks_pending = matches!(self.policy, ResolvedPolicy::KvPrecise(_));
         let (slot, state) = self.state_mut(replica)?;
         state.outstanding += 1;
@@ -597,7 +708,7 @@ impl Engine {
     ) -> Result<Decision, PickError> {
         let mut pick = PickInProgress::new(self, view, now_ms)?;
         match &self.policy {
-            ResolvedPolicy::RoundRobin => load_based::round_robin(self, &mut pick),
+            ResolvedPolicy::RoundRobin => load_based::round_robin(self, &mut pick, rng),
             ResolvedPolicy::Random => load_based::random(&mut pick, rng),
             ResolvedPolicy::LeastLoad(p) => load_based::least_load(&mut pick, p.load_metric),
             ResolvedPolicy::PowerOfTwo(p) => load_based::power_of_two(&mut pick, p.load_metric, rng),
@@ -635,6 +746,9 @@ struct PickInProgress {
     /// Slot of each candidate (parallel to `candidates`).
     slots: Vec<u32>,
     candidates: Vec<CandidateExplanation>,
+    /// Blocks of other routers' requests at each candidate (parallel to `candidates`; zero without fresh
+    /// metrics).
+    foreign: Vec<ForeignBlocks>,
     /// Positions (into `candidates`) of healthy candidates, in order.
     healthy: Vec<usize>,
     chosen: usize,
@@ -644,16 +758,19 @@ struct PickInProgress {
 }
 
 impl PickInProgress {
-    fn new(engine: &Engine, _view: &RequestView, now_ms: u64) -> Result<Self, PickError> {
+    fn new(engine: &Engine, view: &RequestView, now_ms: u64) -> Result<Self, PickError> {
         let mut slots = Vec::with_capacity(engine.slots.len());
         let mut candidates = Vec::with_capacity(engine.slots.len());
         let mut healthy = Vec::with_capacity(engine.slots.len());
+        let mut foreign = Vec::with_capacity(engine.slots.len());
+        let weights = engine.foreign_weights(view.block_hashes.len() as u64);
         for (slot, state) in engine.slots.iter().enumerate() {
             let Some(state) = state else { continue };
             if state.healthy {
                 healthy.push(candidates.len());
             }
             slots.push(slot as u32);
+            foreign.push(engine.foreign_blocks(state, now_ms, weights));
             candidates.push(CandidateExplanation {
                 replica: state.id,
                 healthy: state.healthy,
@@ -680,6 +797,7 @@ impl PickInProgress {
         Ok(Self {
             slots,
             candidates,
+            foreign,
             healthy,
             chosen: 0,
             branch: Branch::Fallback,
@@ -773,6 +891,43 @@ mod tests {
         let mut engine = Engine::new(PolicySpec::named("least_load"), &ids(2)).expect("valid");
         engine.on_routed(1, ReplicaId(1), &view, 0).expect("routed");
         assert_eq!(engine.pending_index().distinct_blocks(), 0);
+    }
+
+    #[test]
+    fn the_load_guard_counts_what_other_routers_queued_on_a_prefix_owner() {
+        // cache_aware_approx learns a prefix on replica 0 from its own pick, and the request completes.
+        let mut engine = Engine::new(PolicySpec::named("cache_aware_approx"), &ids(2)).expect("valid");
+        engine.set_metrics_max_age(Some(1_000));
+        let mut rng = StdRng::seed_from_u64(1);
+        // 40 blocks of 16 tokens: the default bound, 8,192 tokens, is 512 of them.
+        let view = RequestView { block_hashes: (1..=40).collect(), prompt_tokens: 640, session_key: None };
+        engine.on_routed(0, ReplicaId(0), &view, 0).expect("routed");
+        engine.on_first_token(0, 10).expect("first token");
+        engine.on_completed(0, 20).expect("completed");
+        let owner = engine.pick(&view, 30, &mut rng).expect("pick");
+        assert_eq!(owner.replica, ReplicaId(0), "{}", owner.reason);
+        // Other routers queue 20 requests on the owner: only its reported figures say so. Each counts as a
+        // request this engine routed (40 blocks to prefill): 800 blocks, past the bound beyond replica 1's 40.
+        let busy = ReplicaMetrics { queue_depth: 20, running: 0, kv_usage: 0.4 };
+        engine.set_metrics(ReplicaId(0), busy, 40).expect("known");
+        engine.set_metrics(ReplicaId(1), ReplicaMetrics::default(), 40).expect("known");
+        assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 50, 40, 0.1), Some(800.0));
+        let spread = engine.pick(&view, 50, &mut rng).expect("pick");
+        assert_eq!(spread.replica, ReplicaId(1), "{}", spread.reason);
+        assert_eq!(spread.branch, Branch::Balance);
+        assert!(spread.reason.contains("800.0 of them from other routers"), "{}", spread.reason);
+        // Once those figures age out the owner is back: the guard never acts on stale reports.
+        assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 1_100, 40, 0.1), Some(0.0));
+        let back = engine.pick(&view, 1_100, &mut rng).expect("pick");
+        assert_eq!(back.replica, ReplicaId(0), "{}", back.reason);
+        // Running requests of other routers weigh decode_wait_weight (0.1) x 40 blocks each: 40 of them
+        // (160 blocks) are within the bound (and within approx's own balance thresholds), so the owner
+        // keeps the prefix.
+        let decoding = ReplicaMetrics { queue_depth: 0, running: 40, kv_usage: 0.4 };
+        engine.set_metrics(ReplicaId(0), decoding, 1_200).expect("known");
+        engine.set_metrics(ReplicaId(1), ReplicaMetrics::default(), 1_200).expect("known");
+        let kept = engine.pick(&view, 1_250, &mut rng).expect("pick");
+        assert_eq!(kept.replica, ReplicaId(0), "{}", kept.reason);
     }
 
     #[test]

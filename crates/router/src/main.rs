@@ -7,6 +7,8 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use fleet_policy::PolicySpec;
 use fleet_router::{RecordConfig, RouterConfig};
+use rand::TryRngCore;
+use rand::rngs::OsRng;
 use tokio::net::TcpListener;
 
 /// mimalloc rather than glibc's malloc: the proxy allocates and frees a few dozen small objects per
@@ -71,6 +73,11 @@ struct Cli {
     /// (with --tokenizer; 0 tokenizes every prompt whole).
     #[arg(long, default_value_t = 64)]
     tokenizer_memo_mb: u64,
+    /// Seed of the policy's random draws (random, power_of_two, sampled kv_precise). By default one is
+    /// drawn from the OS at start, so that routers over one fleet draw independently (with one seed they
+    /// would all draw the same replicas at once); set it to repeat a run's draws.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Replicas without kv= publish KV events on their HTTP port plus this offset (vLLM --kv-events-config).
     #[arg(long)]
     kv_events_port_offset: Option<u16>,
@@ -183,6 +190,10 @@ async fn run(cli: Cli) -> Result<()> {
         key,
         check_every: Duration::from_secs(cli.policy_etcd_check_s),
     });
+    let seed = match cli.seed {
+        Some(seed) => seed,
+        None => OsRng.try_next_u64().context("cannot draw a seed from the OS; pass --seed N")?,
+    };
     let config = RouterConfig {
         replicas: cli.replicas.clone(),
         policy,
@@ -215,6 +226,7 @@ async fn run(cli: Cli) -> Result<()> {
         tokenizer: cli.tokenizer.clone(),
         chat_template: cli.chat_template.clone(),
         tokenizer_memo_bytes: cli.tokenizer_memo_mb.saturating_mul(1 << 20),
+        seed,
         tls: cli
             .tls_cert
             .clone()
@@ -248,7 +260,9 @@ async fn run(cli: Cli) -> Result<()> {
     })
     .await?;
     let scheme = if config_tls { "https" } else { "http" };
-    println!("fleet-router listening on {scheme}://{addr} over {replicas} replicas ({admin}{store})");
+    println!(
+        "fleet-router listening on {scheme}://{addr} over {replicas} replicas ({admin}{store}, policy seed {seed})"
+    );
     server.await.context("the router task panicked")??;
     eprintln!("fleet-router: stopped");
     Ok(())

@@ -5,7 +5,7 @@ use std::fmt;
 use rand::{Rng, RngCore};
 
 use super::load_based::fill_loads_and_pick_least;
-use super::{Engine, PickInProgress, argmin_by};
+use super::{Engine, ForeignBlocks, PickInProgress, argmin_by};
 use crate::decision::Branch;
 use crate::kv_event::Medium;
 use crate::prefix_index::PrefixIndex;
@@ -187,6 +187,8 @@ struct CostExplanation<'a> {
     uncached: f64,
     active_prefill_blocks: u64,
     active_decode_blocks: u64,
+    /// Other routers' requests there, by the replica's fresh metrics (named only when there are some).
+    foreign: ForeignBlocks,
 }
 
 impl fmt::Display for CostExplanation<'_> {
@@ -195,14 +197,20 @@ impl fmt::Display for CostExplanation<'_> {
         if self.params.overlap_weight != 1.0 {
             write!(f, "{} x ", Num(self.params.overlap_weight))?;
         }
+        write!(f, "{} uncached + {} active prefill blocks", Num(self.uncached), self.active_prefill_blocks)?;
+        if self.foreign.prefill > 0.0 {
+            write!(f, " + {} for other routers' requests", Fixed(self.foreign.prefill, 1))?;
+        }
         write!(
             f,
-            "{} uncached + {} active prefill blocks) + {} x {} active decode blocks",
-            Num(self.uncached),
-            self.active_prefill_blocks,
+            ") + {} x {} active decode blocks",
             Num(self.params.decode_weight),
-            self.active_decode_blocks,
-        )
+            self.active_decode_blocks
+        )?;
+        if self.foreign.decode > 0.0 {
+            write!(f, " + {} for other routers' requests", Fixed(self.foreign.decode, 1))?;
+        }
+        Ok(())
     }
 }
 
@@ -223,16 +231,18 @@ pub(super) fn precise<R: RngCore + ?Sized>(
     }
     // Every candidate's cost and how many healthy replicas are silent (no KV events yet); then the cheapest
     // healthy candidate, found once for every branch. Ties (common when replicas are idle and nothing
-    // matches) go to the replica with fewer outstanding requests, then fewer cached blocks, then engine
-    // order: always taking the first would pile every new prefix onto one replica and evict it early.
+    // matches) go to the replica holding fewer requests (other routers' included), then fewer cached
+    // blocks, then engine order: always taking the first would pile every new prefix onto one replica and
+    // evict it early. The active blocks include other routers' requests where the replica's metrics are
+    // fresh: this router's own are only its share of the fleet's load.
     let mut silent = 0usize;
     let mut cheapest: Option<(usize, (f64, u64, usize))> = None;
-    for (candidate, slot) in pick.candidates.iter_mut().zip(&pick.slots) {
+    for ((candidate, slot), foreign) in pick.candidates.iter_mut().zip(&pick.slots).zip(&pick.foreign) {
         let Some(state) = engine.slots[*slot as usize].as_ref() else { continue };
         let uncached = prompt_blocks - f64::from(candidate.matched_blocks.unwrap_or(0));
         let cost = params.prefill_weight
-            * (params.overlap_weight * uncached + state.active_prefill_blocks as f64)
-            + params.decode_weight * state.active_decode_blocks as f64;
+            * (params.overlap_weight * uncached + state.active_prefill_blocks as f64 + foreign.prefill)
+            + params.decode_weight * (state.active_decode_blocks as f64 + foreign.decode);
         candidate.cost = Some(cost);
         if state.healthy {
             silent += usize::from(state.kv_events == 0);
@@ -242,7 +252,7 @@ pub(super) fn precise<R: RngCore + ?Sized>(
     for &position in &pick.healthy {
         let key = (
             pick.candidates[position].cost.unwrap_or(f64::INFINITY),
-            pick.candidates[position].outstanding,
+            held(&pick.candidates[position]),
             gpu_index.blocks_at(pick.slots[position]),
         );
         if cheapest.is_none_or(|(_, best)| key.partial_cmp(&best) == Some(std::cmp::Ordering::Less)) {
@@ -259,6 +269,7 @@ pub(super) fn precise<R: RngCore + ?Sized>(
             uncached: prompt_blocks - f64::from(matched(pick, p)),
             active_prefill_blocks: state.map_or(0, |s| s.active_prefill_blocks),
             active_decode_blocks: state.map_or(0, |s| s.active_decode_blocks),
+            foreign: pick.foreign[p],
         }
     };
     if silent == pick.healthy.len() {

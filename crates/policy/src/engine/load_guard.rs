@@ -17,6 +17,12 @@
 //! eagerly on the other (2-4 points of hit rate lost on `bench peers`' gen workload for no TTFT gain). The
 //! request's own size converts it: tokens per block = prompt tokens / prompt blocks.
 //!
+//! Requests other routers sent are in none of this engine's counts. Where a replica's reported metrics
+//! are fresh, what they hold beyond this engine's own outstanding requests is added to its wait: queued
+//! ones at the mean prefill of the requests this engine routed, running ones at `decode_wait_weight` x
+//! its mean prompt. Without it, each of several routers over one fleet lets an owner queue up to the
+//! bound by itself, so together they queue it to that many times the bound (`cargo xtask bench routers`).
+//!
 //! SGLang's balance thresholds and llm-d's queue filter compare request counts, which say nothing of how
 //! long the queued prompts are; Dynamo's cost counts the blocks but weighs cache overlap so strongly
 //! (overlap_weight 4) that a hot prefix's owner wins until it is several prompts behind. The guard states
@@ -33,6 +39,8 @@ use crate::spec::{DEFAULT_BLOCK_TOKENS, LoadGuardParams};
 struct Start {
     wait: f64,
     uncached: u64,
+    /// Of `wait`, the blocks counted for requests other routers sent (fresh reported metrics only).
+    foreign: f64,
 }
 
 impl Start {
@@ -48,11 +56,17 @@ fn start_of(
     position: usize,
     prompt_blocks: u64,
 ) -> Start {
-    let wait = engine.slots[pick.slots[position] as usize].as_ref().map_or(0.0, |s| {
-        s.active_prefill_blocks as f64 + guard.decode_wait_weight * s.active_decode_blocks as f64
-    });
+    let (own_prefill, own_decode) = engine.slots[pick.slots[position] as usize]
+        .as_ref()
+        .map_or((0.0, 0.0), |s| (s.active_prefill_blocks as f64, s.active_decode_blocks as f64));
+    let foreign = pick.foreign[position];
+    let foreign_wait = foreign.prefill + guard.decode_wait_weight * foreign.decode;
     let matched = u64::from(pick.candidates[position].matched_blocks.unwrap_or(0));
-    Start { wait, uncached: prompt_blocks.saturating_sub(matched) }
+    Start {
+        wait: own_prefill + guard.decode_wait_weight * own_decode + foreign_wait,
+        uncached: prompt_blocks.saturating_sub(matched),
+        foreign: foreign_wait,
+    }
 }
 
 /// `spread_wait_tokens` in blocks of this request's size: the prompt's tokens over its blocks, or the
@@ -99,13 +113,18 @@ pub(super) fn review(
     }
     let policy_reason = std::mem::take(&mut pick.reason);
     pick.notes.push(format!("load guard overrode the policy's choice ({policy_reason})"));
+    let others = if owner.foreign > 0.0 {
+        format!(", {} of them from other routers as its metrics report", Fixed(owner.foreign, 1))
+    } else {
+        String::new()
+    };
     pick.candidates[chosen].note = Some(format!(
-        "too busy: {} blocks of queued work + {} to prefill for this prompt",
+        "too busy: {} blocks of queued work{others} + {} to prefill for this prompt",
         Fixed(owner.wait, 1),
         owner.uncached
     ));
     let reason = format!(
-        "balance: {} (the policy's choice) would start this prompt after {} blocks of prefill ({} queued + {} \
+        "balance: {} (the policy's choice) would start this prompt after {} blocks of prefill ({} queued{others} + {} \
          uncached), more than spread_wait_tokens {} ({} blocks of this prompt) beyond {}'s {} ({} queued + {} \
          to recompute), so the prefix was spread to {}",
         pick.replica(chosen),

@@ -50,8 +50,11 @@ pub(super) fn consistent_hash(
     let total: u64 = pick.healthy.iter().map(|&p| pick.candidates[p].outstanding).sum();
     let bound = chwbl_bound(params.load_factor, total, pick.healthy.len());
     for index in 0..pick.healthy.len() {
-        let position = pick.healthy[index];
-        pick.candidates[position].load = Some(pick.candidates[position].outstanding as f64);
+        let candidate = &mut pick.candidates[pick.healthy[index]];
+        candidate.load = Some(candidate.outstanding as f64);
+        // Over the bound is out for this request, the load guard's review included: the guard also counts
+        // other routers' requests, and may find the least wait on a replica this router already filled.
+        candidate.eligible = candidate.outstanding < bound;
     }
     let session = view.session_key.as_deref().filter(|_| params.use_session_key);
     // The chained hash of block K-1 names the whole K-block prefix: one number, no re-hashing.

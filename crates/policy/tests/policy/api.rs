@@ -13,19 +13,35 @@ fn ids(n: u32) -> Vec<ReplicaId> {
 #[test]
 fn round_robin_turn_advances_only_on_routed() {
     let mut engine = Engine::new(PolicySpec::default(), &ids(3)).expect("valid");
-    let mut rng = StdRng::seed_from_u64(0);
     let view = RequestView::default();
-    let first = engine.pick(&view, 0, &mut rng).expect("pick");
+    let first = engine.pick(&view, 0, &mut StdRng::seed_from_u64(0)).expect("pick").replica;
     assert_eq!(
-        engine.pick(&view, 0, &mut rng).expect("pick").replica,
-        first.replica,
+        engine.pick(&view, 0, &mut StdRng::seed_from_u64(0)).expect("pick").replica,
+        first,
         "a pick alone changes nothing"
     );
+    // The turn starts where the draw says, then goes round in order.
+    let mut rng = StdRng::seed_from_u64(0);
     let mut order = Vec::new();
     for request in 0..6 {
         order.push(engine.route(request, &view, 0, &mut rng).expect("route").replica.0);
     }
-    assert_eq!(order, vec![0, 1, 2, 0, 1, 2]);
+    let expected: Vec<u32> = (0..6).map(|i| (first.0 + i) % 3).collect();
+    assert_eq!(order, expected);
+}
+
+#[test]
+fn round_robin_turns_of_independent_routers_start_apart() {
+    // Routers that all started at the first replica would move in step, sending their next requests to
+    // the same replica at once: each router's turn starts at a replica its own draw picks.
+    let view = RequestView::default();
+    let starts: std::collections::BTreeSet<u32> = (0..32)
+        .map(|seed| {
+            let engine = Engine::new(PolicySpec::default(), &ids(4)).expect("valid");
+            engine.pick(&view, 0, &mut StdRng::seed_from_u64(seed)).expect("pick").replica.0
+        })
+        .collect();
+    assert_eq!(starts, (0..4).collect());
 }
 
 #[test]

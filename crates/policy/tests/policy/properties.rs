@@ -161,14 +161,17 @@ proptest! {
         let mut rng = StdRng::seed_from_u64(seed);
         let (mut next_request, mut outstanding) = (1, Vec::new());
         for op in &ops {
-            // The guard's expected wait with its default decode_wait_weight (0.1).
+            // The guard's expected wait with its default decode_wait_weight (0.1), other routers' requests
+            // (reported metrics) included, at the pick's time (a route op picks at its request id) and for
+            // the prompt it would route.
+            let prompt_blocks = match op {
+                Op::Route { doc, len, .. } => doc_blocks(*doc, *len).len() as u64,
+                _ => 0,
+            };
             let waits: BTreeMap<ReplicaId, f64> = engine
                 .replicas()
                 .into_iter()
-                .filter_map(|r| {
-                    let status = engine.replica_status(r)?;
-                    Some((r, status.active_prefill_blocks as f64 + 0.1 * status.active_decode_blocks as f64))
-                })
+                .filter_map(|r| Some((r, engine.expected_wait_blocks(r, next_request, prompt_blocks, 0.1)?)))
                 .collect();
             let Some(Ok(decision)) = apply(&mut engine, op, replicas, &mut next_request, &mut outstanding, &mut rng)
             else {
