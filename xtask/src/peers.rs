@@ -62,7 +62,7 @@ const OUR_POLICIES: [&str; 8] = [
 /// fleet-policy's CACHE_AWARE_POLICY_NAMES (the source), each judged against round_robin and SMG.
 const OUR_CACHE_AWARE_POLICIES: [&str; 4] =
     ["consistent_hash", "cache_aware_approx", "kv_precise", "weighted_scorers"];
-const SMG_POLICIES: [&str; 4] = ["round_robin", "cache_aware", "power_of_two", "prefix_hash"];
+pub(crate) const SMG_POLICIES: [&str; 4] = ["round_robin", "cache_aware", "power_of_two", "prefix_hash"];
 
 /// Latency rounds (one connection, seconds each) of the added-latency measurement.
 const OVERHEAD_ROUNDS: usize = 3;

@@ -15,6 +15,8 @@
 //! The workload is the `fleet-sim gen` trace of `bench peers` (tenants with hot system prompts, sessions, RAG
 //! documents) at 12 req/s, and the first requests of the Mooncake trace in `../shared/traces` when it is
 //! there. FLEET_ROUTERS_REQUESTS (default 300) and FLEET_ROUTERS_POLICIES (comma-separated) narrow a run;
+//! An entry `smg:POLICY` in FLEET_ROUTERS_POLICIES runs Shepherd Model Gateway instead (e.g.
+//! `smg:cache_aware`: its approximate tree, per router, with no mesh between them).
 //! FLEET_ROUTERS_COUNTS (default `1,4`) sets the router counts, FLEET_ROUTERS_WORKLOADS (`gen`, `mooncake`)
 //! the workloads and FLEET_ROUTERS_METRICS_MS the routers' `--engine-metrics-ms`. Not part of CI: it is a
 //! benchmark.
@@ -23,9 +25,9 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::peers::{self, Fleet, REPLICAS, Row, Workload, cell};
+use crate::peers::{self, Fleet, Kind, REPLICAS, RouterSpec, Row, Workload, cell};
 use crate::procs::{Guard, free_port, start_fleet_router};
 use crate::{Result, cargo, root, run, target_dir};
 
@@ -108,8 +110,9 @@ pub fn run_routers() -> Result<()> {
     Ok(())
 }
 
-/// Starts fleet-router number `index` over the whole fleet with `policy` (KV events from every replica,
-/// engine metrics scraped at the default interval); waits until it answers.
+/// Starts router number `index` over the whole fleet; waits until it answers. `policy` is a fleet-router
+/// policy (KV events from every replica, engine metrics scraped at the default interval), or `smg:POLICY`
+/// for Shepherd Model Gateway's (the pinned wheel `bench peers` installs).
 fn start_router(
     bin: &Path,
     dir: &Path,
@@ -118,6 +121,21 @@ fn start_router(
     index: usize,
 ) -> Result<(Guard, String)> {
     let port = free_port()?;
+    if let Some(smg_policy) = policy.strip_prefix("smg:") {
+        let venv = peers::ensure_peers()?;
+        let policy = peers::SMG_POLICIES.into_iter().find(|p| *p == smg_policy).ok_or_else(|| {
+            format!(
+                "smg:{smg_policy} is not an SMG policy the benches run (allowed: {:?})",
+                peers::SMG_POLICIES
+            )
+        })?;
+        let spec = RouterSpec { kind: Kind::Smg, policy };
+        let (program, args) = peers::peer_command(&spec, port, &fleet.urls, &venv, &[])?;
+        let log_dir = dir.join(format!("smg-{index}"));
+        fs::create_dir_all(&log_dir).map_err(|e| format!("cannot create {}: {e}", log_dir.display()))?;
+        let guard = peers::spawn_router(&spec, &program, &args, port, &log_dir, Duration::from_secs(60))?;
+        return Ok((guard, format!("http://127.0.0.1:{port}")));
+    }
     let policy_file = dir.join(format!("{policy}.json"));
     fs::write(&policy_file, format!(r#"{{"policy": "{policy}"}}"#)).map_err(|e| e.to_string())?;
     let mut args = vec!["--policy-file".to_owned(), policy_file.to_string_lossy().into()];
