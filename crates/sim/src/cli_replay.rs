@@ -36,9 +36,15 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Feed replicas' metrics (queue, running, KV usage) to the policy every MS virtual milliseconds, as a
-    /// router that scrapes them would (0: before every pick). Default: none, as fleet-router sees.
+    /// router that scrapes them would (0: before every pick). Default: none, as a fleet-router run with
+    /// --engine-metrics-ms 0; fleet-router reads them every 250 ms unless told otherwise.
     #[arg(long, value_name = "MS")]
     pub replica_metrics_ms: Option<u64>,
+    /// Routers over the fleet, each with its own policy engine: a request goes through its session's
+    /// router, and a router hears of other routers' requests only through the replicas' KV events and
+    /// metrics (give --replica-metrics-ms), as N fleet-routers over one fleet do.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub routers: u32,
     /// Disaggregated prefill/decode: this many prefill replicas beside the --replicas decode replicas, each
     /// request split or served locally by the policy's `pd:` thresholds as fleet-router decides.
     #[arg(long, value_name = "N")]
@@ -148,6 +154,10 @@ fn prepare(fleet: &FleetArgs) -> Result<(PreparedTrace, ReplayConfig)> {
     config.capacity_blocks = fleet.capacity_blocks;
     config.seed = fleet.seed;
     config.metrics_interval_ms = fleet.replica_metrics_ms;
+    if fleet.routers == 0 {
+        bail!("--routers must be at least 1");
+    }
+    config.routers = fleet.routers;
     if let Some(prefill_replicas) = fleet.prefill_replicas {
         let transfer = fleet_sim::engine::TransferCost {
             bytes_per_token: fleet.kv_bytes_per_token,

@@ -14,14 +14,12 @@ mod pd;
 pub mod pooled;
 pub mod prepare;
 mod report;
+mod routers;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use fleet_policy::{
-    Engine as PolicyEngine, KvEvent, Medium, PolicySpec, ReplicaId, ReplicaMetrics, RequestView,
-};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
+use fleet_policy::{KvEvent, Medium, PolicySpec, ReplicaId, ReplicaMetrics, RequestView};
+use routers::Routers;
 
 pub use pd::{PdReplay, PdReport};
 pub use prepare::{PreparedRequest, PreparedTrace, prepare};
@@ -46,13 +44,18 @@ pub struct ReplayConfig {
     pub seed: u64,
     /// How often replicas' metrics (queue, running, KV usage) reach the policy, in virtual milliseconds
     /// (0 = before every pick), as a router that scrapes them would see them; `None` (the default): never,
-    /// as in fleet-router, which does not scrape replicas, so its policies count their own outstanding
-    /// requests instead. Feeding metrics the live router never sees made the what-if of metric-weighted
-    /// policies predict another fleet (19 pp of hit rate off for weighted_scorers, `cargo xtask bench fidelity`).
+    /// as a fleet-router with `--engine-metrics-ms 0`, whose policies count their own outstanding requests
+    /// instead. The model must match the router: feeding metrics the live router never saw made the
+    /// what-if of metric-weighted policies predict another fleet (19 pp of hit rate off for
+    /// weighted_scorers, `cargo xtask bench fidelity`).
     pub metrics_interval_ms: Option<u64>,
     /// A prefill pool beside the `replicas` (which are then the decode replicas), split per request by the
     /// policy's `pd` thresholds as fleet-router does; `None`: every replica serves whole requests.
     pub pd: Option<PdReplay>,
+    /// Routers over the fleet, each with its own policy engine (`routers.rs`): a request goes through its
+    /// session's router and only that router hears of it, except through the replicas' KV events and
+    /// metrics (`metrics_interval_ms`). 1 (the default) is one router.
+    pub routers: u32,
 }
 
 impl ReplayConfig {
@@ -66,6 +69,7 @@ impl ReplayConfig {
             seed: 1,
             metrics_interval_ms: None,
             pd: None,
+            routers: 1,
         }
     }
 
@@ -186,16 +190,24 @@ pub fn replay(
     engine_config
         .validate()
         .map_err(|e| ReplayError::Config { field: e.field, message: format!("{} ({})", e.value, e.fix) })?;
+    if config.routers == 0 || (config.routers > 1 && config.pd.is_some()) {
+        return Err(ReplayError::Config {
+            field: "routers",
+            message: format!(
+                "{} routers: a replay runs at least one, and a P/D replay exactly one; set --routers 1 or more \
+                 (1 with a prefill pool)",
+                config.routers
+            ),
+        });
+    }
     let capacity = engine_config.num_gpu_blocks;
     let ids: Vec<ReplicaId> = (0..config.replicas).map(ReplicaId).collect();
-    let mut policy = PolicyEngine::new(config.policy.clone(), &ids)?;
+    let mut policy = Routers::new(&config.policy, &ids, config.routers, config.seed)?;
     let mut engines: Vec<EngineModel> = (0..config.replicas)
         .map(|_| EngineModel::new(engine_config.clone()))
         .collect::<Result<_, _>>()
         .map_err(|e| ReplayError::Config { field: e.field, message: format!("{} ({})", e.value, e.fix) })?;
-    let mut rng = StdRng::seed_from_u64(config.seed);
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(trace.requests.len());
-    let mut last_metrics_ms: Option<u64> = None;
     let mut prefill = match &config.pd {
         Some(pd) => {
             Some(pd::PdSide::new(pd, &config.policy, &engine_config, trace.block_tokens, config.seed)?)
@@ -229,20 +241,22 @@ pub fn replay(
         if let Some(prefill) = prefill.as_mut() {
             prefill.release_pulled(&mut pulled);
         }
-        if let Some(interval_ms) = config.metrics_interval_ms
-            && last_metrics_ms.is_none_or(|at| now_ms >= at + interval_ms)
-        {
-            last_metrics_ms = Some(now_ms);
-            for (r, engine) in engines.iter().enumerate() {
-                let stats = engine.stats();
-                let metrics = ReplicaMetrics {
-                    queue_depth: stats.waiting,
-                    running: stats.running,
-                    kv_usage: stats.kv_usage(),
-                };
-                // The replica ids are the engine's own, so this cannot fail.
-                let _ = policy.set_metrics(ReplicaId(r as u32), metrics, now_ms);
-            }
+        if let Some(interval_ms) = config.metrics_interval_ms {
+            policy.read_metrics(now_ms, interval_ms, || {
+                engines
+                    .iter()
+                    .enumerate()
+                    .map(|(r, engine)| {
+                        let stats = engine.stats();
+                        let metrics = ReplicaMetrics {
+                            queue_depth: stats.waiting,
+                            running: stats.running,
+                            kv_usage: stats.kv_usage(),
+                        };
+                        (ReplicaId(r as u32), metrics)
+                    })
+                    .collect()
+            });
         }
         let view = RequestView {
             block_hashes: request.block_hashes.to_vec(),
@@ -250,7 +264,8 @@ pub fn replay(
             session_key: request.session.map(|s| format!("{s:016x}")),
         };
         let id = index as u64;
-        let decision = policy.route(id, &view, now_ms, &mut rng).map_err(|e| ReplayError::Config {
+        let router = policy.router_for(index, request.session);
+        let decision = policy.route(router, id, &view, now_ms).map_err(|e| ReplayError::Config {
             field: "replicas",
             message: format!("the policy could not pick a replica: {e}"),
         })?;
@@ -299,7 +314,7 @@ pub fn replay(
 }
 
 /// Feeds one engine event to the policy and the outcome table.
-fn on_event(policy: &mut PolicyEngine, outcomes: &mut [Outcome], replica: u32, event: EngineEvent) {
+fn on_event(policy: &mut Routers, outcomes: &mut [Outcome], replica: u32, event: EngineEvent) {
     match event {
         EngineEvent::FirstToken { id, at, cached_tokens } => {
             let outcome = &mut outcomes[id as usize];
@@ -308,7 +323,7 @@ fn on_event(policy: &mut PolicyEngine, outcomes: &mut [Outcome], replica: u32, e
             if !outcome.split {
                 outcome.cached_tokens = cached_tokens;
             }
-            let _ = policy.on_first_token(id, at / 1000);
+            policy.on_first_token(id, at / 1000);
         }
         EngineEvent::Finished { id, at, output_tokens, cached_tokens, .. } => {
             let outcome = &mut outcomes[id as usize];
@@ -317,10 +332,10 @@ fn on_event(policy: &mut PolicyEngine, outcomes: &mut [Outcome], replica: u32, e
             if !outcome.split {
                 outcome.cached_tokens = cached_tokens;
             }
-            let _ = policy.on_completed(id, at / 1000);
+            policy.on_completed(id, at / 1000);
         }
         EngineEvent::Kv { at, kind } => {
-            let _ = policy.on_kv_event(ReplicaId(replica), &kv_event(kind), at / 1000);
+            policy.on_kv_event(ReplicaId(replica), &kv_event(kind), at / 1000);
         }
         EngineEvent::Scheduled { .. }
         | EngineEvent::Token { .. }

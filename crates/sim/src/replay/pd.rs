@@ -132,7 +132,7 @@ impl PdSide {
         &mut self,
         now: Micros,
         decode: &mut [EngineModel],
-        policy: &mut PolicyEngine,
+        policy: &mut super::Routers,
         outcomes: &mut [Outcome],
         pulled: &mut Vec<(u64, Micros)>,
     ) {
@@ -277,7 +277,7 @@ fn on_prefill_event(
 
 /// A decode-side event in a P/D replay: a plain replay's handling, and pulls noted for their holds.
 pub(super) fn decode_event(
-    policy: &mut PolicyEngine,
+    policy: &mut super::Routers,
     outcomes: &mut [Outcome],
     pulled: &mut Vec<(u64, Micros)>,
     replica: u32,

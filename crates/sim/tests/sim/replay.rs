@@ -38,7 +38,8 @@ fn a_hand_computed_tiny_trace_gives_the_exact_hits() {
     assert_eq!(one.hit_rate, f64::from(1024 + 512) / f64::from(prompt_tokens));
     assert_eq!(one.per_replica[0].cached_tokens, 1536);
     assert_eq!(one.per_replica[0].prefill_tokens, prompt_tokens as u64 - 1536);
-    // Two replicas in turn: requests 0, 2 on r0 and 1, 3 on r1, so only request 2 hits (512 tokens).
+    // Two replicas in turn (from a drawn start): requests 0, 2 on one and 1, 3 on the other, so only
+    // request 2 hits (512 tokens).
     let two = replay::replay(
         &prepared,
         &ReplayConfig::new(2, PolicySpec::named("round_robin")),
@@ -46,10 +47,9 @@ fn a_hand_computed_tiny_trace_gives_the_exact_hits() {
     )
     .expect("replayed");
     assert_eq!(two.hit_rate, 512.0 / f64::from(prompt_tokens));
-    assert_eq!(
-        two.per_replica.iter().map(|r| (r.requests, r.cached_tokens)).collect::<Vec<_>>(),
-        vec![(2, 512), (2, 0)]
-    );
+    let mut per_replica: Vec<_> = two.per_replica.iter().map(|r| (r.requests, r.cached_tokens)).collect();
+    per_replica.sort_unstable();
+    assert_eq!(per_replica, vec![(2, 0), (2, 512)]);
     // kv_precise follows the KV events: request 1 goes where blocks 1, 2 are, as does request 2.
     let precise = replay::replay(
         &prepared,
@@ -176,9 +176,9 @@ fn the_same_seed_gives_the_same_report_and_policies_differ() {
 
 #[test]
 fn replica_metrics_reach_the_policy_only_when_a_router_would_scrape_them() {
-    // fleet-router does not scrape its replicas, so by default the replay feeds the policy no metrics and a
-    // metric-weighted policy decides on its own outstanding requests, as the live router does. Fed before
-    // every pick (a scraping router), the same policy places the same traffic otherwise.
+    // By default the replay feeds the policy no metrics (a fleet-router run with --engine-metrics-ms 0), and
+    // a metric-weighted policy decides on its own outstanding requests, as that router does. Fed before
+    // every pick, the same policy places the same traffic otherwise.
     let prepared = replay::prepare(&generated(1500), None, 2.0).expect("prepared");
     let placement = |config: &ReplayConfig| {
         let report = replay::replay(&prepared, config, ReplayControl::default()).expect("replayed");
@@ -188,12 +188,40 @@ fn replica_metrics_reach_the_policy_only_when_a_router_would_scrape_them() {
         capacity_blocks: Some(3000),
         ..ReplayConfig::new(4, PolicySpec::named("weighted_scorers"))
     };
-    assert_eq!(blind.metrics_interval_ms, None, "the default models fleet-router");
+    assert_eq!(blind.metrics_interval_ms, None, "the default reads no metrics");
     let fed = ReplayConfig { metrics_interval_ms: Some(0), ..blind.clone() };
     assert_ne!(placement(&blind), placement(&fed), "queue and KV usage change a weighted_scorers placement");
     // Round robin reads no metrics: fed or not, it places alike.
     let rr = ReplayConfig { policy: PolicySpec::named("round_robin"), ..blind };
     assert_eq!(placement(&rr), placement(&ReplayConfig { metrics_interval_ms: Some(0), ..rr.clone() }));
+}
+
+#[test]
+fn several_routers_share_only_what_the_replicas_publish() {
+    // Each of 4 routers has its own engine. cache_aware_approx's tree learns only from its own router's
+    // picks, so each router places a prefix that sessions share on its own and hits fall; kv_precise's
+    // index is fed by the replicas' KV events, which reach every router, so its hits hold.
+    let prepared = replay::prepare(&generated(1500), None, 2.0).expect("prepared");
+    let hit_rate = |policy: &str, routers: u32| {
+        let config = ReplayConfig {
+            routers,
+            capacity_blocks: Some(3000),
+            metrics_interval_ms: Some(250),
+            ..ReplayConfig::new(4, PolicySpec::named(policy))
+        };
+        replay::replay(&prepared, &config, ReplayControl::default()).expect("replayed").hit_rate
+    };
+    let (approx_1, approx_4) = (hit_rate("cache_aware_approx", 1), hit_rate("cache_aware_approx", 4));
+    let (precise_1, precise_4) = (hit_rate("kv_precise", 1), hit_rate("kv_precise", 4));
+    assert!(approx_4 < approx_1 - 0.02, "approx trees apart lose hits: {approx_1:.3} -> {approx_4:.3}");
+    assert!(precise_4 > precise_1 - 0.01, "a shared KV index keeps them: {precise_1:.3} -> {precise_4:.3}, approx {approx_1:.3} -> {approx_4:.3}");
+    // No router, or several in front of a prefill pool, is refused by name.
+    let none = ReplayConfig { routers: 0, ..ReplayConfig::new(4, PolicySpec::named("random")) };
+    let err = replay::replay(&prepared, &none, ReplayControl::default()).expect_err("no router");
+    assert!(err.to_string().contains("routers"), "{err}");
+    let pd = ReplayConfig { routers: 2, ..pd_config(pd_spec(0, 0, 1000), 1) };
+    let err = replay::replay(&pd_trace(), &pd, ReplayControl::default()).expect_err("P/D with routers");
+    assert!(err.to_string().contains("--routers 1"), "{err}");
 }
 
 #[test]
