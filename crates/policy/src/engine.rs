@@ -176,6 +176,24 @@ pub(crate) struct ForeignWeights {
     running: ForeignBlocks,
 }
 
+/// This engine's outstanding requests over every replica, and the blocks they hold in prefill and decode.
+#[derive(Clone, Copy, Debug, Default)]
+struct OwnTotals {
+    outstanding: u64,
+    prefill_blocks: u64,
+    decode_blocks: u64,
+}
+
+impl OwnTotals {
+    fn plus(self, state: &ReplicaState) -> Self {
+        Self {
+            outstanding: self.outstanding + state.outstanding,
+            prefill_blocks: self.prefill_blocks + state.active_prefill_blocks,
+            decode_blocks: self.decode_blocks + state.active_decode_blocks,
+        }
+    }
+}
+
 /// Weight of each routed request in [`RoutedSize`]'s moving means: about the last 32 requests count.
 const ROUTED_SIZE_WEIGHT: f64 = 1.0 / 32.0;
 
@@ -305,18 +323,17 @@ impl Engine {
         })
     }
 
-    /// Requests on a replica that this engine did not send, as its fresh reported metrics show them at
-    /// `now_ms`: (queued, running), what the seen load holds beyond this engine's own outstanding requests,
-    /// split in the reported queue:running proportion. `None` without fresh metrics.
-    fn foreign_requests(&self, state: &ReplicaState, now_ms: u64) -> Option<(f64, f64)> {
-        let seen = self.seen_of(state, now_ms)?;
+    /// Requests on a replica that this engine did not send, as the load it is `seen` with (its fresh
+    /// metrics, [`Engine::seen_of`]) shows them: (queued, running), what that holds beyond this engine's own
+    /// outstanding requests, split in the reported queue:running proportion.
+    fn foreign_requests(state: &ReplicaState, seen: ReplicaMetrics) -> (f64, f64) {
         let (queued, running) = (f64::from(seen.queue_depth), f64::from(seen.running));
         let foreign = (queued + running - state.outstanding as f64).max(0.0);
         if foreign == 0.0 {
-            return Some((0.0, 0.0));
+            return (0.0, 0.0);
         }
         let queued_share = queued / (queued + running);
-        Some((foreign * queued_share, foreign * (1.0 - queued_share)))
+        (foreign * queued_share, foreign * (1.0 - queued_share))
     }
 
     /// What a request another router sent is taken to weigh: the traffic of several routers over one
@@ -326,30 +343,29 @@ impl Engine {
     /// running, so most of a loaded fleet's queued prefill shows up there, not as waiting. Before this
     /// engine routed anything, a prompt of `prompt_blocks` (the request being placed), running ones in
     /// decode.
-    fn foreign_weights(&self, prompt_blocks: u64) -> ForeignWeights {
+    fn foreign_weights(&self, prompt_blocks: u64, own: OwnTotals) -> ForeignWeights {
         let size = self.routed_size.unwrap_or(RoutedSize {
             prefill_blocks: prompt_blocks as f64,
             prompt_blocks: prompt_blocks as f64,
         });
-        let (mut outstanding, mut prefill, mut decode) = (0u64, 0u64, 0u64);
-        for state in self.slots.iter().flatten() {
-            outstanding += state.outstanding;
-            prefill += state.active_prefill_blocks;
-            decode += state.active_decode_blocks;
-        }
-        let running = if outstanding == 0 {
+        let running = if own.outstanding == 0 {
             ForeignBlocks { prefill: 0.0, decode: size.prompt_blocks }
         } else {
-            let n = outstanding as f64;
-            ForeignBlocks { prefill: prefill as f64 / n, decode: decode as f64 / n }
+            let n = own.outstanding as f64;
+            ForeignBlocks { prefill: own.prefill_blocks as f64 / n, decode: own.decode_blocks as f64 / n }
         };
         ForeignWeights { queued: ForeignBlocks { prefill: size.prefill_blocks, decode: 0.0 }, running }
     }
 
-    /// The blocks of the requests other routers sent to a replica, by its fresh metrics at `now_ms`, each
-    /// request weighing `weights` (none without fresh metrics).
-    fn foreign_blocks(&self, state: &ReplicaState, now_ms: u64, weights: ForeignWeights) -> ForeignBlocks {
-        self.foreign_requests(state, now_ms).map_or(ForeignBlocks::default(), |(queued, running)| {
+    /// The blocks of the requests other routers sent to a replica, by the load it is `seen` with (none
+    /// without fresh metrics), each request weighing `weights`.
+    fn foreign_blocks(
+        state: &ReplicaState,
+        seen: Option<ReplicaMetrics>,
+        weights: ForeignWeights,
+    ) -> ForeignBlocks {
+        seen.map_or(ForeignBlocks::default(), |seen| {
+            let (queued, running) = Self::foreign_requests(state, seen);
             ForeignBlocks {
                 prefill: queued * weights.queued.prefill + running * weights.running.prefill,
                 decode: queued * weights.queued.decode + running * weights.running.decode,
@@ -369,7 +385,9 @@ impl Engine {
     ) -> Option<f64> {
         let slot = *self.slot_of.get(&replica)?;
         let state = self.slots.get(slot as usize)?.as_ref()?;
-        let foreign = self.foreign_blocks(state, now_ms, self.foreign_weights(prompt_blocks));
+        let own = self.slots.iter().flatten().fold(OwnTotals::default(), |totals, s| totals.plus(s));
+        let weights = self.foreign_weights(prompt_blocks, own);
+        let foreign = Self::foreign_blocks(state, self.seen_of(state, now_ms), weights);
         Some(
             state.active_prefill_blocks as f64
                 + foreign.prefill
@@ -706,7 +724,14 @@ impl Engine {
         now_ms: u64,
         rng: &mut R,
     ) -> Result<Decision, PickError> {
-        let mut pick = PickInProgress::new(self, view, now_ms)?;
+        let counts_others = !matches!(
+            self.policy,
+            ResolvedPolicy::RoundRobin
+                | ResolvedPolicy::Random
+                | ResolvedPolicy::LeastLoad(_)
+                | ResolvedPolicy::PowerOfTwo(_)
+        );
+        let mut pick = PickInProgress::new(self, view, now_ms, counts_others)?;
         match &self.policy {
             ResolvedPolicy::RoundRobin => load_based::round_robin(self, &mut pick, rng),
             ResolvedPolicy::Random => load_based::random(&mut pick, rng),
@@ -747,7 +772,7 @@ struct PickInProgress {
     slots: Vec<u32>,
     candidates: Vec<CandidateExplanation>,
     /// Blocks of other routers' requests at each candidate (parallel to `candidates`; zero without fresh
-    /// metrics).
+    /// metrics; empty for the policies that do not weigh them).
     foreign: Vec<ForeignBlocks>,
     /// Positions (into `candidates`) of healthy candidates, in order.
     healthy: Vec<usize>,
@@ -758,28 +783,33 @@ struct PickInProgress {
 }
 
 impl PickInProgress {
-    fn new(engine: &Engine, view: &RequestView, now_ms: u64) -> Result<Self, PickError> {
+    /// A pick over every replica; `counts_others`: weigh other routers' requests (`foreign`), as the
+    /// cache-aware policies do.
+    fn new(engine: &Engine, view: &RequestView, now_ms: u64, counts_others: bool) -> Result<Self, PickError> {
         let mut slots = Vec::with_capacity(engine.slots.len());
         let mut candidates = Vec::with_capacity(engine.slots.len());
         let mut healthy = Vec::with_capacity(engine.slots.len());
-        let mut foreign = Vec::with_capacity(engine.slots.len());
-        let weights = engine.foreign_weights(view.block_hashes.len() as u64);
+        // Seen loads are kept for other routers' requests, which only the cache-aware policies weigh.
+        let mut seen_loads = Vec::with_capacity(if counts_others { engine.slots.len() } else { 0 });
+        let mut own = OwnTotals::default();
         for (slot, state) in engine.slots.iter().enumerate() {
             let Some(state) = state else { continue };
             if state.healthy {
                 healthy.push(candidates.len());
             }
             slots.push(slot as u32);
-            foreign.push(engine.foreign_blocks(state, now_ms, weights));
+            let seen = engine.seen_of(state, now_ms);
+            if counts_others {
+                seen_loads.push(seen);
+                own = own.plus(state);
+            }
             candidates.push(CandidateExplanation {
                 replica: state.id,
                 healthy: state.healthy,
                 eligible: state.healthy,
                 outstanding: state.outstanding,
                 prefill_tokens: state.prefill_tokens,
-                seen_load: engine
-                    .seen_of(state, now_ms)
-                    .map(|seen| f64::from(seen.queue_depth) + f64::from(seen.running)),
+                seen_load: seen.map(|seen| f64::from(seen.queue_depth) + f64::from(seen.running)),
                 load: None,
                 matched_blocks: None,
                 score: None,
@@ -794,6 +824,16 @@ impl PickInProgress {
         if healthy.is_empty() {
             return Err(PickError::NoHealthyReplica { replicas: candidates.len() });
         }
+        let weights = engine.foreign_weights(view.block_hashes.len() as u64, own);
+        let foreign = slots
+            .iter()
+            .zip(&seen_loads)
+            .map(|(&slot, &seen)| {
+                engine.slots[slot as usize]
+                    .as_ref()
+                    .map_or(ForeignBlocks::default(), |state| Engine::foreign_blocks(state, seen, weights))
+            })
+            .collect();
         Ok(Self {
             slots,
             candidates,
