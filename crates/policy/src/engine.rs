@@ -148,7 +148,8 @@ pub struct Engine {
     /// Reported metrics older than this are ignored (`None`: they never age out).
     metrics_max_age_ms: Option<u64>,
     /// Moving means of the prefill and prompt blocks of the requests this engine routed: the size the load
-    /// guard gives a request another router sent, which only the replica's reported counts show.
+    /// guard and kv_precise's cost give a request another router sent, which only the replica's reported
+    /// counts show (`Engine::foreign_weights`).
     routed_size: Option<RoutedSize>,
 }
 
