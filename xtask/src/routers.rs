@@ -15,7 +15,7 @@
 //! The workload is the `fleet-sim gen` trace of `bench peers` (tenants with hot system prompts, sessions, RAG
 //! documents) at 12 req/s, and the first requests of the Mooncake trace in `../shared/traces` when it is
 //! there. FLEET_ROUTERS_REQUESTS (default 300) and FLEET_ROUTERS_POLICIES (comma-separated) narrow a run;
-//! An entry `smg:POLICY` in FLEET_ROUTERS_POLICIES runs Shepherd Model Gateway instead (e.g.
+//! an entry `smg:POLICY` in FLEET_ROUTERS_POLICIES runs Shepherd Model Gateway instead (e.g.
 //! `smg:cache_aware`: its approximate tree, per router, with no mesh between them).
 //! FLEET_ROUTERS_COUNTS (default `1,4`) sets the router counts, FLEET_ROUTERS_WORKLOADS (`gen`, `mooncake`)
 //! the workloads and FLEET_ROUTERS_METRICS_MS the routers' `--engine-metrics-ms`. Not part of CI: it is a

@@ -232,10 +232,7 @@ pub async fn run(
             max_tokens: record.output_length.max(1),
             index: index as u64,
         };
-        // Which client (target) sends it: a session's requests always go through the same one.
-        let client_of =
-            record.session.map_or(index as u64, |session| session.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32);
-        let url = routes[(client_of % routes.len() as u64) as usize].clone();
+        let url = routes[client_of(index, record.session, routes.len())].clone();
         let (client, model, progress) = (client.clone(), model.clone(), progress.clone());
         let limits = RequestLimits::of(config);
         let (api, ignore_eos) = (config.api, config.ignore_eos);
@@ -468,4 +465,12 @@ async fn send(client: &reqwest::Client, url: &str, body: Vec<u8>, limits: Reques
             }
         }
     }
+}
+
+/// Which of `clients` (the targets of a run, or a replay's routers) sends request `index`: a session's
+/// requests always go through the same one, as a client keeps its connection; a request without a session
+/// by its arrival index.
+pub fn client_of(index: usize, session: Option<u64>, clients: usize) -> usize {
+    let key = session.map_or(index as u64, |session| session.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32);
+    (key % clients.max(1) as u64) as usize
 }
