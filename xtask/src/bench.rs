@@ -25,7 +25,7 @@ pub fn run_bench(args: &[String]) -> Result<()> {
         Some("fidelity") => fidelity_bench(&args[1..]),
         Some("skew") => skew_bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask bench router | peers | routers | pd | real [--engine llamacpp|vllm] | fidelity [REQUESTS] | skew [MOONCAKE_TRACE] | etcd [--routers N] [--pushes N]"
+            "usage: cargo xtask bench router | peers | routers | pd | real [--engine llamacpp|vllm] | fidelity [REQUESTS] [--scenario NAME] [--policy NAME] [--keep-traces DIR] | skew [MOONCAKE_TRACE] | etcd [--routers N] [--pushes N]"
                 .to_owned(),
         ),
     }

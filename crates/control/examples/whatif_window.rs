@@ -35,6 +35,7 @@ fn main() -> Result<()> {
             &PolicySpec::named(active),
             &cancel,
             &routed,
+            0,
         )
         .map_err(anyhow::Error::msg)?;
         println!(

@@ -542,6 +542,7 @@ fn trace_record(
         chained: true,
         model: model.clone(),
         replica: Some(replica.spec.url.clone()),
+        router: None,
         branch: Some(branch_label(decision.branch).to_owned()),
         policy: Some(decision.policy.clone()),
         policy_version: Some(policy_version),

@@ -1008,6 +1008,9 @@ impl RouterState {
             "replicas": replicas,
             "prefix_groups": prefix_groups,
             "window_s": self.config.heat_window.as_secs(),
+            // How often the policies get the engines' own load figures (0: never), so a what-if can replay
+            // the router as it is deployed.
+            "engine_metrics_ms": self.config.engine_metrics.interval.as_millis() as u64,
             "index_accuracy": {
                 "predictions": self.metrics.predictions.load(Ordering::Relaxed),
                 "within_block": self.metrics.predictions_within_block.load(Ordering::Relaxed),

@@ -40,9 +40,10 @@ pub struct FleetArgs {
     /// --engine-metrics-ms 0; fleet-router reads them every 250 ms unless told otherwise.
     #[arg(long, value_name = "MS")]
     pub replica_metrics_ms: Option<u64>,
-    /// Routers over the fleet, each with its own policy engine: a request goes through its session's
-    /// router, and a router hears of other routers' requests only through the replicas' KV events and
-    /// metrics (give --replica-metrics-ms), as N fleet-routers over one fleet do.
+    /// Routers over the fleet, each with its own policy engine: a request goes through the router that
+    /// recorded it when the trace names one (`router`, as the app's what-if tags several routers'
+    /// recordings), else its session's router, and a router hears of other routers' requests only through
+    /// the replicas' KV events and metrics (give --replica-metrics-ms), as N fleet-routers over one fleet do.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub routers: u32,
     /// Disaggregated prefill/decode: this many prefill replicas beside the --replicas decode replicas, each

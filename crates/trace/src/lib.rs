@@ -48,6 +48,11 @@ pub struct TraceRecord {
     /// The replica (base URL) the router sent it to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<String>,
+    /// The router that recorded it (its admin URL as the app knows it). A router leaves it out: the app
+    /// sets it when it merges several routers' recordings, so a replay sends each request through the
+    /// router that served it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<String>,
     /// The policy branch that decided (`cache`, `balance`, `fallback`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,

@@ -222,6 +222,10 @@ fn result_view(r: &WhatIfResult) -> impl IntoView + use<> {
                 {row("Prefix hit rate", "hit-rate", |f| ratio(f.hit_rate))}
                 {row("TTFT p50", "ttft-p50", |f| format::duration_s(f.ttft_p50_s))}
                 {row("TTFT p95", "ttft-p95", |f| format::duration_s(f.ttft_p95_s))}
+                {r.candidate.spread.is_some().then(|| view! {
+                    {row("Hit rate over other draws, metrics phases and arrival times", "hit-rate-spread", |f| f.spread.as_ref().map_or_else(String::new, |s| format!("{} to {} ({} replays)", format::percent(Some(s.hit_rate_min)), format::percent(Some(s.hit_rate_max)), s.replays)))}
+                    {row("TTFT p95 over other draws, metrics phases and arrival times", "ttft-p95-spread", |f| f.spread.as_ref().map_or_else(String::new, |s| format!("{} to {}", format::duration_s(Some(s.ttft_p95_min_s)), format::duration_s(Some(s.ttft_p95_max_s)))))}
+                })}
                 {row("Imbalance (max/mean prefill)", "imbalance", |f| f.imbalance.map(|v| format!("{v:.2}")).unwrap_or_default())}
                 {r.prefill_replicas.is_some().then(|| view! {
                     {row("P/D: split", "pd-split", |f| f.pd.as_ref().map_or_else(String::new, |pd| format::percent(Some(pd.split_share))))}
@@ -238,6 +242,7 @@ fn result_view(r: &WhatIfResult) -> impl IntoView + use<> {
             |ms| format!("TTFT includes {ms:.1} ms a request spends outside the engine (router, HTTP, tokenising), \
                           measured from the recording: its median under {} minus the replay's", r.active.policy))}</p>
         <p data-testid="whatif-coverage">{format!("Coverage: {}", r.coverage.summary)}</p>
+        <p data-testid="whatif-router-model">{format!("Routers replayed: {}", r.router_model.summary)}</p>
         <p data-testid="whatif-profile-used">{format!(
             "Engine profile: {} ({}), {} KV blocks of {} tokens per replica{}: {}",
             r.profile.name, r.profile.model, r.profile.kv_blocks, r.profile.block_tokens,

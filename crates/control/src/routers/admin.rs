@@ -57,6 +57,9 @@ pub struct RouterState {
     pub replicas: Vec<RouterReplica>,
     pub prefix_groups: Vec<PrefixGroup>,
     pub window_s: u64,
+    /// How often the router's policies read the replicas' engine figures, in ms (`Some(0)`: never;
+    /// `None`: a router before it said, which read none).
+    pub engine_metrics_ms: Option<u64>,
     /// Where the router takes its policy from, when that is etcd (`--policy-etcd`; `policy_store` on the
     /// wire).
     #[serde(rename = "policy_store")]

@@ -17,6 +17,16 @@ pub struct Figures {
     pub measured_hit_rate: f64,
     pub predicted_ttft_p95_ms: f64,
     pub measured_ttft_p95_ms: f64,
+    /// How far the measured p95 could have moved by chance: its 95 % confidence interval
+    /// (`fleet_base::quantile::confidence_interval`) over the requests measured (absent from older tables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_ttft_p95_interval_ms: Option<(f64, f64)>,
+    /// The what-if's spread: its hit rate and TTFT p95 over replays with other random draws, metrics-read
+    /// phases and arrival times (absent from older tables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_hit_rate_range: Option<(f64, f64)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_ttft_p95_range_ms: Option<(f64, f64)>,
 }
 
 impl Figures {
@@ -32,6 +42,27 @@ impl Figures {
         } else {
             f64::NAN
         }
+    }
+
+    /// Whether the prediction misses the goal (2 pp of hit rate, 15 % of TTFT p95).
+    pub fn misses_goal(&self) -> bool {
+        self.hit_rate_error_pp().abs() > 2.0 || self.ttft_p95_error_pct().abs() > 15.0
+    }
+
+    /// A miss that chance cannot explain: the measured hit rate more than 2 pp outside the what-if's spread,
+    /// or no p95 of its spread within 15 % of the measured p95's confidence interval. A live run is one
+    /// draw of what the spread varies (the policy's random draws, when the routers read metrics) and of
+    /// which requests make its p95; only a prediction beyond both says the model is wrong.
+    pub fn misses_beyond_chance(&self) -> bool {
+        let point = |value: f64| (value, value);
+        let (low, high) = self.predicted_hit_rate_range.unwrap_or(point(self.predicted_hit_rate));
+        let measured = self.measured_hit_rate;
+        let outside = if measured < low { low - measured } else { (measured - high).max(0.0) };
+        let (p95_low, p95_high) =
+            self.predicted_ttft_p95_range_ms.unwrap_or(point(self.predicted_ttft_p95_ms));
+        let (ci_low, ci_high) =
+            self.measured_ttft_p95_interval_ms.unwrap_or(point(self.measured_ttft_p95_ms));
+        outside * 100.0 > 2.0 || p95_high < 0.85 * ci_low || p95_low > 1.15 * ci_high
     }
 }
 
@@ -137,6 +168,7 @@ mod tests {
             measured_hit_rate: 0.50,
             predicted_ttft_p95_ms: 110.0,
             measured_ttft_p95_ms: 100.0,
+            ..Figures::default()
         };
         let table = Table {
             measured: "2026-12-04".into(),
@@ -161,12 +193,44 @@ mod tests {
     }
 
     #[test]
+    fn a_miss_inside_the_spread_or_the_measured_interval_is_chance() {
+        // A p95 at the knee between hits (14 ms) and misses (49 ms): 300 requests cannot place it finer.
+        let knee = Figures {
+            predicted_hit_rate: 0.935,
+            measured_hit_rate: 0.942,
+            predicted_ttft_p95_ms: 41.0,
+            measured_ttft_p95_ms: 27.0,
+            measured_ttft_p95_interval_ms: Some((14.0, 49.0)),
+            ..Figures::default()
+        };
+        assert!(knee.misses_goal() && !knee.misses_beyond_chance());
+        // 60 ms is beyond 49 ms + 15 %.
+        assert!(Figures { predicted_ttft_p95_ms: 60.0, ..knee.clone() }.misses_beyond_chance());
+        let unknown = Figures { measured_ttft_p95_interval_ms: None, ..knee.clone() };
+        assert!(unknown.misses_beyond_chance(), "no interval: judged by the goal alone");
+        // Random draws: one replay 4 pp off, the spread of draws covers the live run.
+        let drawn = Figures {
+            predicted_hit_rate: 0.565,
+            measured_hit_rate: 0.606,
+            predicted_ttft_p95_ms: 100.0,
+            measured_ttft_p95_ms: 99.0,
+            ..Figures::default()
+        };
+        assert!(drawn.misses_goal() && drawn.misses_beyond_chance());
+        let spread = |high: f64| Figures { predicted_hit_rate_range: Some((0.532, high)), ..drawn.clone() };
+        assert!(!spread(0.618).misses_beyond_chance(), "inside the spread");
+        assert!(!spread(0.59).misses_beyond_chance(), "within 2 pp of its edge");
+        assert!(spread(0.58).misses_beyond_chance(), "beyond 2 pp of its edge");
+    }
+
+    #[test]
     fn over_several_scenarios_the_worst_miss_is_reported_with_its_sign() {
         let figures = |predicted_hit: f64, predicted_p95: f64| Figures {
             predicted_hit_rate: predicted_hit,
             measured_hit_rate: 0.90,
             predicted_ttft_p95_ms: predicted_p95,
             measured_ttft_p95_ms: 100.0,
+            ..Figures::default()
         };
         let pair = |scenario: &str, candidate: Figures| Pair {
             scenario: scenario.into(),

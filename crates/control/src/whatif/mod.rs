@@ -16,8 +16,8 @@ use fleet_rollout::spec_diff;
 use fleet_sim::replay::{self, PdReplay, PreparedTrace, Progress, ReplayConfig, ReplayControl, ReplayReport};
 use fleet_trace::{Trace, TraceRecord};
 use fleetdeck_api::{
-    ApiError, ReplayFigures, WhatIfArgs, WhatIfCoverage, WhatIfJobArgs, WhatIfProfile, WhatIfResult,
-    WhatIfRouter, WhatIfStatus,
+    ApiError, ReplayFigures, ReplaySpread, WhatIfArgs, WhatIfCoverage, WhatIfJobArgs, WhatIfProfile,
+    WhatIfResult, WhatIfRouter, WhatIfStatus,
 };
 
 use crate::fleet::Fleet;
@@ -29,6 +29,7 @@ use engine_profile::ChosenProfile;
 
 pub mod engine_profile;
 pub mod fidelity;
+mod router_model;
 
 /// Largest trace file read for a what-if (a 10-minute window of a busy fleet is a few MB).
 pub const MAX_TRACE_FILE: u64 = 256 << 20;
@@ -43,6 +44,8 @@ struct Job {
     routed: Arc<[AtomicU64; 2]>,
     /// Requests in the trace.
     requests: u64,
+    /// Replays of each side the job runs (the main one and the spread's).
+    replays: u64,
     status: Arc<Mutex<WhatIfStatus>>,
 }
 
@@ -88,7 +91,52 @@ pub fn figures(policy: &str, report: &ReplayReport, overhead_s: f64) -> ReplayFi
             prefill_leg_mean_ms: pd.prefill_leg_mean_s * 1e3,
             transfer_mean_ms: pd.transfer_mean_s * 1e3,
         }),
+        spread: None,
     }
+}
+
+/// Replays beside the main one that measure the spread: the same traffic with other random draws, other
+/// metrics-read phases and arrivals moved within the recording's millisecond. A live fleet is one draw of
+/// all three, and one replay hides how much they move the outcome: on the fidelity bench's demo fleet,
+/// random's hit rate ranged over 6 points across draws (54.6-60.6 %), and least_load's over 3 points
+/// (53.0-56.4 %) with arrivals moved by up to 2 ms.
+pub const SPREAD_REPLAYS: u64 = 7;
+/// How far the spread's replays move each arrival, either way: the resolution of a recorded timestamp.
+pub const SPREAD_JITTER_US: u64 = 1_000;
+/// Longest trace whose spread is measured: it costs [`SPREAD_REPLAYS`] more replays of each side.
+pub const SPREAD_MAX_REQUESTS: usize = 50_000;
+
+/// Variant `i` (1-based) of `base` for the spread: draws from another seed, metrics read at another point
+/// of their interval (spread evenly over it).
+pub fn spread_variant(base: &ReplayConfig, i: u64) -> ReplayConfig {
+    let interval = base.metrics_interval_ms.unwrap_or(0);
+    ReplayConfig {
+        seed: base.seed.wrapping_add(i),
+        metrics_phase_ms: interval * i / (SPREAD_REPLAYS + 1),
+        ..base.clone()
+    }
+}
+
+/// The range of hit rate and TTFT p95 (with `overhead_s` added) over `reports`; `None` for fewer than two.
+pub fn spread_of(reports: &[ReplayReport], overhead_s: f64) -> Option<ReplaySpread> {
+    if reports.len() < 2 {
+        return None;
+    }
+    let range = |value: fn(&ReplayReport) -> f64| {
+        reports
+            .iter()
+            .map(value)
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)))
+    };
+    let (hit_rate_min, hit_rate_max) = range(|r| r.hit_rate);
+    let (p95_min, p95_max) = range(|r| r.ttft_p95_s);
+    Some(ReplaySpread {
+        replays: reports.len() as u32,
+        hit_rate_min,
+        hit_rate_max,
+        ttft_p95_min_s: p95_min + overhead_s,
+        ttft_p95_max_s: p95_max + overhead_s,
+    })
 }
 
 /// Fewest recorded first tokens the overhead is measured from; below that it is left out.
@@ -146,7 +194,7 @@ pub fn prepare_for(trace: &Trace, chosen: &ChosenProfile) -> Result<(PreparedTra
 }
 
 /// Replays `trace` under `candidate` and `active` on two threads with `base`'s replicas, profile and
-/// capacity; `routed` counts progress.
+/// capacity; `routed` counts progress, from `routed_before` (requests routed by earlier replays of the job).
 pub fn replay_both(
     trace: &PreparedTrace,
     base: &ReplayConfig,
@@ -154,9 +202,10 @@ pub fn replay_both(
     active: &PolicySpec,
     cancel: &AtomicBool,
     routed: &[AtomicU64; 2],
+    routed_before: u64,
 ) -> Result<(ReplayReport, ReplayReport), String> {
     let run = |spec: &PolicySpec, slot: &AtomicU64| {
-        let progress = |p: Progress| slot.store(p.routed as u64, Ordering::Relaxed);
+        let progress = |p: Progress| slot.store(routed_before + p.routed as u64, Ordering::Relaxed);
         let config = ReplayConfig { policy: spec.clone(), ..base.clone() };
         replay::replay(trace, &config, ReplayControl { progress: Some(&progress), cancel: Some(cancel) })
             .map_err(|e| e.to_string())
@@ -278,6 +327,8 @@ struct RouterRead {
     url: String,
     policy: Result<ActivePolicy, String>,
     window: Result<TraceWindow, String>,
+    /// How often it reads the replicas' engine load (`None`: its state did not say).
+    engine_metrics_ms: Option<u64>,
 }
 
 /// The baseline spec (what the routers that recorded most of the window run), each router's row and the
@@ -428,12 +479,22 @@ impl WhatIf {
                 }
                 client.trace_window(since, MAX_WINDOW_RECORDS).await.map_err(|e| e.to_string())
             };
-            let (policy, window) = futures_util::join!(policy, window);
-            RouterRead { url: client.url.clone(), policy, window }
+            let state = client.state();
+            let (policy, window, state) = futures_util::join!(policy, window, state);
+            let engine_metrics_ms = state.ok().and_then(|state| state.engine_metrics_ms);
+            RouterRead { url: client.url.clone(), policy, window, engine_metrics_ms }
         }))
         .await;
         let intended = self.inner.rollout.intended_spec().await;
         let (baseline, routers, mut notes) = baseline_of(&reads, intended.as_ref());
+        let router_facts: Vec<router_model::RouterFacts> = reads
+            .iter()
+            .map(|read| router_model::RouterFacts {
+                url: read.url.clone(),
+                requests: read.window.as_ref().map_or(0, |w| w.records.len() as u64),
+                engine_metrics_ms: read.engine_metrics_ms,
+            })
+            .collect();
         let active = match (baseline, &intended) {
             (Some((_, spec)), _) => spec,
             (None, Some((label, spec))) => {
@@ -467,6 +528,10 @@ impl WhatIf {
                         Ok(mut window) => {
                             coverage.pages += window.pages;
                             unread += window.unread;
+                            // Each request goes through the router that recorded it in the replay.
+                            for record in &mut window.records {
+                                record.router = Some(read.url.clone());
+                            }
                             records.append(&mut window.records);
                         }
                         Err(_) => unknown = true,
@@ -585,11 +650,20 @@ impl WhatIf {
             )),
             result: None,
         }));
+        let spread_replays = if prepared.requests.len() <= SPREAD_MAX_REQUESTS { SPREAD_REPLAYS } else { 0 };
+        if spread_replays == 0 {
+            notes.push(format!(
+                "replayed once: the spread over other random draws, metrics-read phases and arrival times is measured on up to \
+                 {SPREAD_MAX_REQUESTS} requests, and this window has {}",
+                prepared.requests.len()
+            ));
+        }
         let job = Job {
             id,
             cancel: Arc::new(AtomicBool::new(false)),
             routed: Arc::new([AtomicU64::new(0), AtomicU64::new(0)]),
             requests: prepared.requests.len() as u64,
+            replays: 1 + spread_replays,
             status: status.clone(),
         };
         let (cancel, routed) = (job.cancel.clone(), job.routed.clone());
@@ -599,14 +673,39 @@ impl WhatIf {
         let first = lock(&status).clone();
         let pd =
             prefill_replicas.map(|prefill_replicas| PdReplay { prefill_replicas, ..PdReplay::default() });
-        let base = ReplayConfig { replicas, pd, ..config };
+        let (router_model, mut model_notes) =
+            router_model::deployed(&router_facts, prepared.routers.len(), pd.is_some());
+        notes.append(&mut model_notes);
+        let base = ReplayConfig {
+            replicas,
+            pd,
+            routers: router_model.routers,
+            metrics_interval_ms: router_model.engine_metrics_ms,
+            ..config
+        };
         tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let outcome = replay_both(&prepared, &base, &candidate, &active, &cancel, &routed);
+            let requests = prepared.requests.len() as u64;
+            let outcome =
+                (0..=spread_replays).try_fold((Vec::new(), Vec::new()), |(mut cands, mut acts), i| {
+                    let (cand, act) = if i == 0 {
+                        replay_both(&prepared, &base, &candidate, &active, &cancel, &routed, 0)?
+                    } else {
+                        let moved = prepared.with_arrival_jitter(SPREAD_JITTER_US, i);
+                        let config = spread_variant(&base, i);
+                        replay_both(&moved, &config, &candidate, &active, &cancel, &routed, i * requests)?
+                    };
+                    cands.push(cand);
+                    acts.push(act);
+                    Ok::<_, String>((cands, acts))
+                });
             let mut status = lock(&status);
             match outcome {
-                Ok((cand, act)) => {
-                    let overhead = unmodelled_overhead_s(&trace, &active.policy, &act);
+                Ok((cands, acts)) => {
+                    // The main replays (the seed and phase a what-if always uses) are the figures; the others
+                    // give their range.
+                    let (cand, act) = (&cands[0], &acts[0]);
+                    let overhead = unmodelled_overhead_s(&trace, &active.policy, act);
                     let added = overhead.unwrap_or(0.0);
                     status.state = "done".to_owned();
                     status.progress = 1.0;
@@ -616,8 +715,14 @@ impl WhatIf {
                         requests: prepared.requests.len() as u64,
                         replicas,
                         prefill_replicas,
-                        candidate: figures(&candidate.policy, &cand, added),
-                        active: figures(&active.policy, &act, added),
+                        candidate: ReplayFigures {
+                            spread: spread_of(&cands, added),
+                            ..figures(&candidate.policy, cand, added)
+                        },
+                        active: ReplayFigures {
+                            spread: spread_of(&acts, added),
+                            ..figures(&active.policy, act, added)
+                        },
                         ttft_overhead_ms: overhead.map(|s| s * 1000.0),
                         elapsed_ms: started.elapsed().as_millis() as u64,
                         coverage,
@@ -625,6 +730,7 @@ impl WhatIf {
                         baseline_notes: notes,
                         profile: profile_shown,
                         fidelity,
+                        router_model,
                     });
                 }
                 Err(_) if cancel.load(Ordering::Relaxed) => {
@@ -652,7 +758,7 @@ impl WhatIf {
         let mut status = lock(&job.status).clone();
         if status.state == "running" && job.requests > 0 {
             let routed: u64 = job.routed.iter().map(|r| r.load(Ordering::Relaxed)).sum();
-            status.progress = (routed as f64 / (2 * job.requests) as f64).min(0.99);
+            status.progress = (routed as f64 / (2 * job.requests * job.replays) as f64).min(0.99);
         }
         Ok(status)
     }
@@ -688,7 +794,7 @@ mod tests {
         let candidate = PolicySpec::named("consistent_hash");
         let active = PolicySpec::named("round_robin");
         let base = ReplayConfig::new(4, PolicySpec::default());
-        let (cand, act) = replay_both(&prepared, &base, &candidate, &active, &cancel, &routed).unwrap();
+        let (cand, act) = replay_both(&prepared, &base, &candidate, &active, &cancel, &routed, 0).unwrap();
         assert_eq!((cand.requests, act.requests), (400, 400));
         assert_eq!(routed[0].load(Ordering::Relaxed), 400);
         // Side by side is exactly each policy replayed alone: same trace, same engines, same seed.
@@ -698,11 +804,33 @@ mod tests {
         assert_eq!(cand, alone(&candidate));
         assert_eq!(act, alone(&active));
         assert_ne!(cand.per_replica, act.per_replica, "the two policies must route differently");
+        // The spread's variants differ from the main replay only in their draws and metrics phase.
+        let metered = ReplayConfig { metrics_interval_ms: Some(250), ..base.clone() };
+        let variants: Vec<ReplayConfig> = (1..=SPREAD_REPLAYS).map(|i| spread_variant(&metered, i)).collect();
+        let phases: Vec<u64> = variants.iter().map(|v| v.metrics_phase_ms).collect();
+        assert_eq!(phases, [31, 62, 93, 125, 156, 187, 218]);
+        assert!(variants.iter().all(|v| v.seed != metered.seed && v.replicas == metered.replicas));
+        let random = PolicySpec::named("random");
+        let reports: Vec<ReplayReport> = std::iter::once(&metered)
+            .chain(&variants)
+            .map(|config| {
+                let config = ReplayConfig { policy: random.clone(), ..config.clone() };
+                replay::replay(&prepared, &config, ReplayControl::default()).unwrap()
+            })
+            .collect();
+        let spread = spread_of(&reports, 0.001).unwrap();
+        assert_eq!(spread.replays, 8);
+        assert!(spread.ttft_p95_min_s < spread.ttft_p95_max_s, "random draws move the figures: {spread:?}");
+        assert!(reports.iter().all(|r| (spread.hit_rate_min..=spread.hit_rate_max).contains(&r.hit_rate)));
+        let p95s = reports.iter().map(|r| r.ttft_p95_s + 0.001);
+        assert_eq!(spread.ttft_p95_max_s, p95s.clone().fold(f64::MIN, f64::max));
+        assert_eq!(spread.ttft_p95_min_s, p95s.fold(f64::MAX, f64::min));
+        assert!(spread_of(&reports[..1], 0.0).is_none(), "one replay has no spread");
         let shown = figures("consistent_hash", &cand, 0.0);
         assert_eq!(shown.per_replica_requests.iter().sum::<u64>(), 400);
 
         cancel.store(true, Ordering::Relaxed);
-        assert!(replay_both(&prepared, &base, &candidate, &active, &cancel, &routed).is_err());
+        assert!(replay_both(&prepared, &base, &candidate, &active, &cancel, &routed, 0).is_err());
     }
 
     #[test]

@@ -61,6 +61,11 @@ async fn the_baseline_is_what_each_router_runs_and_an_unreachable_router_is_repo
         replicas: sim.urls()[2..].to_vec(),
         admin_token: Some(TOKEN.into()),
         policy: "policy: least_load".parse()?,
+        // It reads the replicas' load less often than the busier router, which sets the replay's interval.
+        engine_metrics: fleet_router::EngineMetricsConfig {
+            interval: Duration::from_millis(1000),
+            ..Default::default()
+        },
         ..Default::default()
     })
     .await?;
@@ -119,6 +124,24 @@ async fn the_baseline_is_what_each_router_runs_and_an_unreachable_router_is_repo
     assert_eq!(result.profile.engine.as_deref(), Some("vllm"));
     assert!(!result.profile.overridden && result.profile.reason.contains("cache_config_info"));
     assert_eq!(result.replicas, 4);
+    // The routers are replayed as deployed: the two that recorded traffic, each request through its own,
+    // reading the replicas' load as often as the router of most traffic does (fleet-router's default).
+    let model = &result.router_model;
+    assert_eq!((model.routers, model.engine_metrics_ms), (2, Some(250)), "{model:?}");
+    assert!(model.summary.starts_with("2 routers"), "{}", model.summary);
+    // Each side's spread: the main replay and seven with other draws, metrics phases and arrival times, the main
+    // figures inside the range.
+    for side in [&result.candidate, &result.active] {
+        let spread = side.spread.as_ref().context("a short window is replayed eight times")?;
+        let (hit, p95) = (side.hit_rate.context("hit rate")?, side.ttft_p95_s.context("p95")?);
+        assert_eq!(spread.replays, 8);
+        assert!((spread.hit_rate_min..=spread.hit_rate_max).contains(&hit), "{spread:?} {hit}");
+        assert!((spread.ttft_p95_min_s..=spread.ttft_p95_max_s).contains(&p95), "{spread:?} {p95}");
+    }
+    assert!(
+        notes.contains("every 1000 ms, every 250 ms") || notes.contains("every 250 ms, every 1000 ms"),
+        "{notes}"
+    );
 
     // The operator's override wins and is said to.
     let result = run(&control, args(Some("llama-3.1-8b-a100"), Some(300))).await?;

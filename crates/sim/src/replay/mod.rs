@@ -49,6 +49,10 @@ pub struct ReplayConfig {
     /// what-if of metric-weighted policies predict another fleet (19 pp of hit rate off for
     /// weighted_scorers, `cargo xtask bench fidelity`).
     pub metrics_interval_ms: Option<u64>,
+    /// When in its interval each router reads the metrics, in virtual ms after the first request (taken
+    /// modulo the interval). A live router's reads fall anywhere relative to its traffic; a what-if
+    /// replays several phases to show how much that alone moves the outcome.
+    pub metrics_phase_ms: u64,
     /// A prefill pool beside the `replicas` (which are then the decode replicas), split per request by the
     /// policy's `pd` thresholds as fleet-router does; `None`: every replica serves whole requests.
     pub pd: Option<PdReplay>,
@@ -68,6 +72,7 @@ impl ReplayConfig {
             capacity_blocks: None,
             seed: 1,
             metrics_interval_ms: None,
+            metrics_phase_ms: 0,
             pd: None,
             routers: 1,
         }
@@ -242,7 +247,7 @@ pub fn replay(
             prefill.release_pulled(&mut pulled);
         }
         if let Some(interval_ms) = config.metrics_interval_ms {
-            policy.read_metrics(now_ms, interval_ms, || {
+            policy.read_metrics(now_ms, interval_ms, config.metrics_phase_ms, || {
                 engines
                     .iter()
                     .enumerate()
@@ -264,7 +269,7 @@ pub fn replay(
             session_key: request.session.map(|s| format!("{s:016x}")),
         };
         let id = index as u64;
-        let router = policy.router_for(index, request.session);
+        let router = policy.router_for(index, request);
         let decision = policy.route(router, id, &view, now_ms).map_err(|e| ReplayError::Config {
             field: "replicas",
             message: format!("the policy could not pick a replica: {e}"),

@@ -33,6 +33,9 @@ pub struct PreparedRequest {
     pub block_hashes: Arc<[u64]>,
     /// Session key, when the trace has one.
     pub session: Option<u64>,
+    /// The router that recorded it, numbered by first appearance in the trace (`None`: the trace does not
+    /// say). A replay with several routers sends it through that one.
+    pub router: Option<u32>,
 }
 
 /// A trace prepared for one engine block size (shared by every policy of a comparison).
@@ -44,6 +47,26 @@ pub struct PreparedTrace {
     pub block_tokens: u32,
     /// The trace's own block size.
     pub trace_block_tokens: u32,
+    /// Routers the records name (`TraceRecord::router`), in order of first appearance; empty when none do.
+    pub routers: Vec<String>,
+}
+
+impl PreparedTrace {
+    /// The same requests with each arrival moved by up to `max_us` either way (uniform, from `seed`; none
+    /// before the start), in their new order. A recording times arrivals to the millisecond, and a live
+    /// router sees them a little apart from that: where a policy's choices hinge on which request came
+    /// first or whether a replica was still busy, this shows how much the outcome moves with it.
+    pub fn with_arrival_jitter(&self, max_us: Micros, seed: u64) -> PreparedTrace {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut requests = self.requests.clone();
+        for request in &mut requests {
+            let shift = rng.random_range(0..=2 * max_us);
+            request.arrival_us = (request.arrival_us + shift).saturating_sub(max_us);
+        }
+        requests.sort_by_key(|request| request.arrival_us);
+        PreparedTrace { requests, ..self.clone() }
+    }
 }
 
 /// splitmix64 finaliser, to spread sub-block hashes.
@@ -79,6 +102,7 @@ pub fn prepare(trace: &Trace, block_tokens: Option<u32>, speedup: f64) -> Result
         });
     }
     let first = trace.records[0].timestamp;
+    let mut routers: Vec<String> = Vec::new();
     let requests = trace
         .records
         .iter()
@@ -108,16 +132,24 @@ pub fn prepare(trace: &Trace, block_tokens: Option<u32>, speedup: f64) -> Result
                 }
             }
             let offset_ms = record.timestamp.saturating_sub(first) as f64 / speedup;
+            let router = record.router.as_ref().map(|name| {
+                let index = routers.iter().position(|known| known == name).unwrap_or_else(|| {
+                    routers.push(name.clone());
+                    routers.len() - 1
+                });
+                index as u32
+            });
             PreparedRequest {
                 arrival_us: (offset_ms * 1000.0).round() as Micros,
                 prompt_tokens: record.input_length,
                 output_tokens: record.output_length,
                 block_hashes: Arc::from(hashes),
                 session: record.session,
+                router,
             }
         })
         .collect();
-    Ok(PreparedTrace { requests, block_tokens: engine_block, trace_block_tokens: trace_block })
+    Ok(PreparedTrace { requests, block_tokens: engine_block, trace_block_tokens: trace_block, routers })
 }
 
 #[cfg(test)]
@@ -159,6 +191,42 @@ mod tests {
         let p = prepare(&trace(vec![recorded, mooncake]), None, 1.0).expect("prepared");
         assert_eq!(p.requests[0].block_hashes[..], ids[..]);
         assert_eq!(p.requests[1].block_hashes[..], fleet_policy::chain_block_ids(&ids)[..]);
+    }
+
+    #[test]
+    fn jitter_moves_arrivals_within_its_bound_and_keeps_them_in_order() {
+        let records = (0..200).map(|i| TraceRecord::mooncake(i * 3, 512, 1, vec![i])).collect();
+        let p = prepare(&trace(records), None, 1.0).expect("prepared");
+        let jittered = p.with_arrival_jitter(1000, 7);
+        assert_eq!(jittered.requests.len(), p.requests.len());
+        assert!(jittered.requests.windows(2).all(|w| w[0].arrival_us <= w[1].arrival_us));
+        let moved = jittered.requests.iter().filter(|r| {
+            let original =
+                p.requests.iter().find(|o| o.block_hashes == r.block_hashes).expect("same request");
+            assert!(r.arrival_us.abs_diff(original.arrival_us) <= 1000, "{r:?} vs {original:?}");
+            r.arrival_us != original.arrival_us
+        });
+        assert!(moved.count() > 150, "most arrivals move");
+        assert_eq!(p.with_arrival_jitter(1000, 7), jittered, "the same seed moves them alike");
+        assert_eq!(p.with_arrival_jitter(0, 7), p, "no jitter, no change");
+    }
+
+    #[test]
+    fn routers_are_numbered_by_first_appearance() {
+        let by = |ts: u64, router: Option<&str>| TraceRecord {
+            router: router.map(str::to_owned),
+            ..TraceRecord::mooncake(ts, 512, 1, vec![ts])
+        };
+        let t = trace(vec![
+            by(0, Some("http://b")),
+            by(1, Some("http://a")),
+            by(2, None),
+            by(3, Some("http://b")),
+        ]);
+        let p = prepare(&t, None, 1.0).expect("prepared");
+        assert_eq!(p.routers, ["http://b", "http://a"]);
+        let routers: Vec<Option<u32>> = p.requests.iter().map(|r| r.router).collect();
+        assert_eq!(routers, [Some(0), Some(1), None, Some(0)]);
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Several routers over one replayed fleet: one policy engine per router, as N fleet-routers are.
 //!
-//! Each router keeps its own engine and its own random draws. A request goes through the router its
-//! session maps to (a client keeps its connection; `fleet-sim bench --also-target` spreads clients the
-//! same way), or by arrival index without a session. Its first token and completion reach only that
-//! router; every replica's KV events reach every router (engines publish them to any subscriber); each
-//! router reads the replicas' metrics on its own schedule, the routers' scrapes spread over the interval.
-//! So a router sees other routers' requests only as the replicas report them, as live.
+//! Each router keeps its own engine and its own random draws. A request goes through the router that
+//! recorded it when the trace names one, else the router its session maps to (a client keeps its
+//! connection; `fleet-sim bench --also-target` spreads clients the same way), or by arrival index without a
+//! session. Its first token and completion reach only that router; every replica's KV events reach every
+//! router (engines publish them to any subscriber); each router reads the replicas' metrics on its own
+//! schedule, the routers' scrapes spread over the interval. So a router sees other routers' requests only
+//! as the replicas report them, as live.
 
 use fleet_policy::{
     Decision, Engine as PolicyEngine, KvEvent, PickError, PolicySpec, ReplicaId, ReplicaMetrics, RequestView,
@@ -13,6 +14,8 @@ use fleet_policy::{
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
+
+use super::prepare::PreparedRequest;
 
 /// The routers of a replay.
 pub(crate) struct Routers {
@@ -49,12 +52,14 @@ impl Routers {
         Ok(Self { routers, owner: Vec::new() })
     }
 
-    /// The router a request goes through: its session's (as `fleet-sim bench` spreads clients), else by
+    /// The router a request goes through: the one that recorded it when the trace says (the app's what-if
+    /// of several routers' traffic), else its session's (as `fleet-sim bench` spreads clients), else by
     /// arrival index.
-    pub(crate) fn router_for(&self, index: usize, session: Option<u64>) -> usize {
-        let client =
-            session.map_or(index as u64, |session| session.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32);
-        (client % self.routers.len() as u64) as usize
+    pub(crate) fn router_for(&self, index: usize, request: &PreparedRequest) -> usize {
+        match request.router {
+            Some(router) => router as usize % self.routers.len(),
+            None => crate::bench::client_of(index, request.session, self.routers.len()),
+        }
     }
 
     /// Routes request `id` through `router`.
@@ -101,17 +106,20 @@ impl Routers {
     }
 
     /// Lets each router whose metrics read is due at `now_ms` (every `interval_ms`; 0: before every pick)
-    /// read the replicas' figures from `read`. The routers' first reads are spread over one interval.
+    /// read the replicas' figures from `read`. The routers' first reads are spread over one interval,
+    /// shifted by `phase_ms`.
     pub(crate) fn read_metrics(
         &mut self,
         now_ms: u64,
         interval_ms: u64,
+        phase_ms: u64,
         read: impl Fn() -> Vec<(ReplicaId, ReplicaMetrics)>,
     ) {
         let count = self.routers.len() as u64;
         let mut figures: Option<Vec<(ReplicaId, ReplicaMetrics)>> = None;
         for (k, router) in self.routers.iter_mut().enumerate() {
-            let due = *router.next_metrics_ms.get_or_insert(now_ms + interval_ms * k as u64 / count);
+            let offset = (interval_ms * k as u64 / count + phase_ms) % interval_ms.max(1);
+            let due = *router.next_metrics_ms.get_or_insert(now_ms + offset);
             if now_ms < due {
                 continue;
             }

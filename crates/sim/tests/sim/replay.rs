@@ -126,10 +126,11 @@ fn prepared_of(prompts: &[Vec<u64>]) -> PreparedTrace {
                 output_tokens: 4,
                 block_hashes: Arc::from(hashes),
                 session: None,
+                router: None,
             }
         })
         .collect();
-    PreparedTrace { requests, block_tokens: 16, trace_block_tokens: 16 }
+    PreparedTrace { requests, block_tokens: 16, trace_block_tokens: 16, routers: Vec::new() }
 }
 
 proptest! {
@@ -194,6 +195,38 @@ fn replica_metrics_reach_the_policy_only_when_a_router_would_scrape_them() {
     // Round robin reads no metrics: fed or not, it places alike.
     let rr = ReplayConfig { policy: PolicySpec::named("round_robin"), ..blind };
     assert_eq!(placement(&rr), placement(&ReplayConfig { metrics_interval_ms: Some(0), ..rr.clone() }));
+}
+
+#[test]
+fn a_request_goes_through_the_router_that_recorded_it() {
+    // The app's what-if names each request's router; the replay sends it through that one instead of
+    // spreading sessions over the routers.
+    let trace = generated(600);
+    let recorded_by = |router: &dyn Fn(usize) -> String| {
+        let records = trace
+            .records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| TraceRecord { router: Some(router(i)), ..r.clone() })
+            .collect();
+        Trace::from_records(records).expect("valid")
+    };
+    let report = |trace: &Trace, routers: u32| {
+        let prepared = replay::prepare(trace, None, 2.0).expect("prepared");
+        let config = ReplayConfig {
+            routers,
+            metrics_interval_ms: Some(250),
+            ..ReplayConfig::new(4, PolicySpec::named("cache_aware_approx"))
+        };
+        let report = replay::replay(&prepared, &config, ReplayControl::default()).expect("replayed");
+        serde_json::to_string(&report).expect("json")
+    };
+    let one_router = report(&trace, 1);
+    // All of it recorded by one router: the other three route nothing, so it replays as one router.
+    assert_eq!(report(&recorded_by(&|_| "http://only".to_owned()), 4), one_router);
+    // Left to the sessions, or spread by the recording, four routers place it otherwise.
+    assert_ne!(report(&trace, 4), one_router);
+    assert_ne!(report(&recorded_by(&|i| format!("http://r{}", i % 4)), 4), one_router);
 }
 
 #[test]
