@@ -706,6 +706,11 @@ struct Finish {
 
 impl Finish {
     fn scan(&mut self, chunk: &[u8]) {
+        // A refusal (4xx) carries no usage and no token, and its status already says it failed: reading it
+        // cost 1,480 instructions per relayed 400 (callgrind), a tenth of the proxy's own work.
+        if !self.status.is_success() {
+            return;
+        }
         if self.usage.scan(chunk) && self.trace.ttft_ms.is_none() {
             self.trace.ttft_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
         }
