@@ -110,7 +110,7 @@ pub struct WhatIfResult {
     pub prefill_replicas: Option<u32>,
     pub candidate: ReplayFigures,
     pub active: ReplayFigures,
-    /// Wall time of both replays.
+    /// Wall time of the replays, the spread's included.
     pub elapsed_ms: u64,
     /// How much of the window was read and replayed.
     #[serde(default)]

@@ -35,7 +35,7 @@ pub fn interpolated(sorted: &[f64], q: f64) -> Option<f64> {
 /// (n·q·(1−q) should be at least 5 or so). `None` when empty.
 ///
 /// It says how far a measured p95 can move by chance. With 300 requests the p95 is the 285th value, and
-/// the interval runs from about the 278th to the 293rd: where a few percent of requests miss the cache
+/// the interval runs from the 277th to the 293rd: where a few percent of requests miss the cache
 /// and take several times longer, that spans both kinds of request, and no prediction of the p95 can be
 /// judged finer than that.
 pub fn confidence_interval(sorted: &[f64], q: f64) -> Option<(f64, f64)> {

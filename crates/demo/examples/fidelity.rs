@@ -4,10 +4,10 @@
 //! router's running spec, every page of its trace, the scenario's engine profile) predicts every other policy
 //! from that recording; and then each policy runs live from a cold fleet on the same seeded traffic. Prints
 //! predicted vs measured hit rate and TTFT p95 per scenario and policy, flags the misses beyond the goal
-//! (2 pp, 15 %) and, of those, the ones chance cannot explain: beyond the what-if's own spread (its replays
-//! with other random draws, metrics-read phases and arrival times) and beyond the measured p95's 95 % confidence interval
-//! (which requests make the p95 of a few hundred); it writes the table the app shows next to its
-//! predictions (the worst miss per change).
+//! (2 pp, 15 %) and, of those, the ones chance cannot explain: beyond the what-if's own spread (its
+//! replays with other random draws, metrics-read phases and arrival times) and beyond the measured p95's
+//! 95 % confidence interval (which requests make the p95 of a few hundred); it writes the table the app
+//! shows next to its predictions (the worst miss per change).
 //!
 //! `cargo run --release -p fleet-demo --example fidelity -- [OUT.json] [REQUESTS] [--scenario NAME]...
 //! [--policy NAME]... [--keep-traces DIR]`
@@ -263,8 +263,8 @@ fn parse_args() -> Result<Args> {
                 positional = 2;
             }
             _ => bail!(
-                "unexpected argument {arg:?}; usage: fidelity [OUT.json] [REQUESTS] [--scenario NAME]... [--policy NAME]... \
-                 [--keep-traces DIR]"
+                "unexpected argument {arg:?}; usage: fidelity [OUT.json] [REQUESTS] [--scenario NAME]... \
+                 [--policy NAME]... [--keep-traces DIR]"
             ),
         }
     }
@@ -424,8 +424,8 @@ async fn main() -> Result<()> {
     std::fs::write(&args.out, serde_json::to_string_pretty(&table)? + "\n")?;
     println!(
         "wrote {}; goal: hit rate within 2 pp, TTFT p95 within 15 %: {misses} of {} predictions miss it, {} \
-         of them beyond chance (outside the what-if's spread over draws, metrics phases and arrival times, and beyond the \
-         measured p95's 95 % interval)",
+         of them beyond chance (outside the what-if's spread over draws, metrics phases and arrival times, \
+         and beyond the measured p95's 95 % interval)",
         args.out,
         table.pairs.len(),
         beyond_chance

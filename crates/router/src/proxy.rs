@@ -707,7 +707,7 @@ struct Finish {
 impl Finish {
     fn scan(&mut self, chunk: &[u8]) {
         // A refusal (4xx) carries no usage and no token, and its status already says it failed: reading it
-        // cost 1,480 instructions per relayed 400 (callgrind), a tenth of the proxy's own work.
+        // cost 1,480 of the 52k instructions a relayed 400 takes (callgrind, release build).
         if !self.status.is_success() {
             return;
         }

@@ -637,6 +637,14 @@ impl WhatIf {
         };
         let fidelity = fidelity::lookup(&active.policy, &candidate.policy);
 
+        let spread_replays = if prepared.requests.len() <= SPREAD_MAX_REQUESTS { SPREAD_REPLAYS } else { 0 };
+        if spread_replays == 0 {
+            notes.push(format!(
+                "replayed once: the spread over other random draws, metrics-read phases and arrival times is \
+                 measured on up to {SPREAD_MAX_REQUESTS} requests, and this window has {}",
+                prepared.requests.len()
+            ));
+        }
         let jobs = &*self.inner;
         let id = jobs.next.fetch_add(1, Ordering::Relaxed) + 1;
         let status = Arc::new(Mutex::new(WhatIfStatus {
@@ -644,20 +652,14 @@ impl WhatIf {
             state: "running".to_owned(),
             progress: 0.0,
             message: Some(format!(
-                "replaying {} requests from {source} on {replicas} replicas with engine profile {}",
+                "replaying {} requests from {source} on {replicas} replicas with engine profile {}, {} times \
+                 each side (the spread's replays included)",
                 trace.records.len(),
-                profile_shown.name
+                profile_shown.name,
+                1 + spread_replays
             )),
             result: None,
         }));
-        let spread_replays = if prepared.requests.len() <= SPREAD_MAX_REQUESTS { SPREAD_REPLAYS } else { 0 };
-        if spread_replays == 0 {
-            notes.push(format!(
-                "replayed once: the spread over other random draws, metrics-read phases and arrival times is measured on up to \
-                 {SPREAD_MAX_REQUESTS} requests, and this window has {}",
-                prepared.requests.len()
-            ));
-        }
         let job = Job {
             id,
             cancel: Arc::new(AtomicBool::new(false)),
