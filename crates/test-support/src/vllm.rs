@@ -146,15 +146,30 @@ fn log_tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// What vLLM's log says when a port it was given is no longer free (ZMQ's and uvicorn's wording).
+const PORT_TAKEN: &str = "Address already in use";
+
 fn free_port() -> Result<u16> {
     // vLLM logs the port it was given, not the one it bound, so it gets a port that was free a moment ago.
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// Starts a vLLM server on free loopback ports (HTTP and KV events) and waits until `/health` answers.
+///
+/// vLLM binds its KV-event socket half a minute after it was given the port, while it loads the model;
+/// in that time another process can take the port (an outgoing connection's ephemeral port, another
+/// test's server). Then it starts again on other ports, as the etcd helper does.
 pub async fn spawn_vllm_server(options: VllmOptions) -> Result<VllmServer> {
-    let (port, kv_port) = (free_port()?, free_port()?);
-    let (process, log) = start(port, kv_port, options.clone()).await?;
+    const ATTEMPTS: usize = 3;
+    let mut attempt = 1;
+    let (port, kv_port, process, log) = loop {
+        let (port, kv_port) = (free_port()?, free_port()?);
+        match start(port, kv_port, options.clone()).await {
+            Ok((process, log)) => break (port, kv_port, process, log),
+            Err(error) if attempt < ATTEMPTS && format!("{error:#}").contains(PORT_TAKEN) => attempt += 1,
+            Err(error) => return Err(error),
+        }
+    };
     Ok(VllmServer {
         process,
         url: format!("http://127.0.0.1:{port}"),
