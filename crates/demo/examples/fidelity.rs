@@ -297,10 +297,9 @@ fn keep(args: &Args, scenario: &Scenario, policy: &str, records: &[TraceRecord])
     let Some(dir) = &args.keep_traces else { return Ok(()) };
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(format!("{}-{policy}.jsonl", scenario.name));
-    let mut text = String::new();
+    let mut text = Vec::new();
     for record in records {
-        text += &serde_json::to_string(record)?;
-        text.push('\n');
+        fleet_trace::write_record(&mut text, record)?;
     }
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
 }

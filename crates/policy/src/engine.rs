@@ -725,13 +725,8 @@ impl Engine {
         now_ms: u64,
         rng: &mut R,
     ) -> Result<Decision, PickError> {
-        let counts_others = !matches!(
-            self.policy,
-            ResolvedPolicy::RoundRobin
-                | ResolvedPolicy::Random
-                | ResolvedPolicy::LeastLoad(_)
-                | ResolvedPolicy::PowerOfTwo(_)
-        );
+        // Other routers' requests weigh in the load guard, which only the cache-aware policies have.
+        let counts_others = self.policy.guard().is_some();
         let mut pick = PickInProgress::new(self, view, now_ms, counts_others)?;
         match &self.policy {
             ResolvedPolicy::RoundRobin => load_based::round_robin(self, &mut pick, rng),

@@ -1002,6 +1002,17 @@ impl ResolvedPolicy {
         }
     }
 
+    /// The load guard's parameters, which exactly the cache-aware policies have (`CACHE_AWARE_POLICY_NAMES`).
+    pub fn guard(&self) -> Option<&LoadGuardParams> {
+        match self {
+            Self::ConsistentHash(p) => Some(&p.guard),
+            Self::CacheAwareApprox(p) => Some(&p.guard),
+            Self::KvPrecise(p) => Some(&p.guard),
+            Self::WeightedScorers(p) => Some(&p.guard),
+            Self::RoundRobin | Self::Random | Self::LeastLoad(_) | Self::PowerOfTwo(_) => None,
+        }
+    }
+
     /// How the caller should cut prompts into blocks for this policy (defaults for policies without the parameters).
     pub fn hashing(&self) -> HashingParams {
         match self {
@@ -1194,6 +1205,8 @@ mod tests {
         for name in POLICY_NAMES {
             let guarded = param_docs(name).iter().any(|doc| doc.name == "load_guard");
             assert_eq!(guarded, CACHE_AWARE_POLICY_NAMES.contains(&name), "{name}");
+            let resolved = PolicySpec::named(name).resolve().expect("defaults resolve");
+            assert_eq!(resolved.guard().is_some(), guarded, "{name}: the engine's guard() must agree");
         }
     }
 
