@@ -1,12 +1,13 @@
 //! A real DNS server (Debian's dnsmasq) of the test's own on a loopback port, serving SRV records and the
 //! A records of their targets; restarted with other records to make instances appear or leave.
 
+use std::io::{Read, Seek, SeekFrom};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use tokio::process::Command;
 
 use crate::eventually;
@@ -36,13 +37,34 @@ pub struct DnsServer {
     port: u16,
 }
 
+/// What dnsmasq prints when the port it was given is taken (for UDP or TCP), before it exits.
+const PORT_TAKEN: &str = "Address already in use";
+
+/// A loopback port free for both UDP and TCP a moment ago: dnsmasq binds both.
+fn free_port() -> Result<u16> {
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = tcp.local_addr()?.port();
+    std::net::UdpSocket::bind(("127.0.0.1", port))?;
+    Ok(port)
+}
+
 impl DnsServer {
     /// Starts dnsmasq serving `records` on a free port (UDP and TCP), and waits until it answers.
+    ///
+    /// Between picking the port and dnsmasq binding it another process can take it (an outgoing
+    /// connection's ephemeral port, another test's server); dnsmasq then exits, and it starts again on
+    /// another port.
     pub async fn start(records: &[SrvRecord]) -> Result<Self> {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut server = Self { process: None, port };
-        server.serve(records).await?;
-        Ok(server)
+        const ATTEMPTS: usize = 5;
+        let mut attempt = 1;
+        loop {
+            let mut server = Self { process: None, port: free_port()? };
+            match server.serve(records).await {
+                Ok(()) => return Ok(server),
+                Err(error) if attempt < ATTEMPTS && format!("{error:#}").contains(PORT_TAKEN) => attempt += 1,
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     /// Where it listens.
@@ -51,6 +73,7 @@ impl DnsServer {
     }
 
     /// Serves `records` instead (dnsmasq reads SRV records at start, so it is started again on its port).
+    /// Fails with dnsmasq's own words if it exits instead of answering.
     pub async fn serve(&mut self, records: &[SrvRecord]) -> Result<()> {
         self.process = None;
         let mut command = Command::new(dnsmasq()?);
@@ -68,11 +91,13 @@ impl DnsServer {
             command.arg(format!("--srv-host={},{},{}", record.service, record.host, record.port));
             command.arg(format!("--host-record={},{}", record.host, record.address));
         }
-        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-        self.process = Some(ChildProcess::spawn(&mut command).context("cannot start dnsmasq")?);
+        // dnsmasq says why it could not start on stderr and says nothing there once it runs.
+        let stderr = tempfile::tempfile().context("cannot make a file for dnsmasq's stderr")?;
+        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr.try_clone()?);
+        let mut process = ChildProcess::spawn(&mut command).context("cannot start dnsmasq")?;
         let addr = self.addr();
         // dnsmasq answers a question about anything (REFUSED or NXDOMAIN) once it listens.
-        eventually("dnsmasq to answer", Duration::from_secs(20), || async move {
+        let answering = eventually("dnsmasq to answer", Duration::from_secs(20), || async move {
             let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
             socket.connect(addr).await?;
             let question =
@@ -83,7 +108,36 @@ impl DnsServer {
                 .await
                 .is_ok_and(|r| r.is_ok());
             Ok(answered.then_some(()))
-        })
-        .await
+        });
+        tokio::select! {
+            answered = answering => answered?,
+            status = process.child.wait() => {
+                let mut said = String::new();
+                let _ = stderr.try_clone().and_then(|mut file| {
+                    file.seek(SeekFrom::Start(0))?;
+                    file.read_to_string(&mut said)
+                });
+                bail!("dnsmasq exited ({}) instead of answering on {addr}: {}", status?, said.trim());
+            }
+        }
+        self.process = Some(process);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dnsmasq_whose_port_is_taken_says_so_at_once_and_start_moves_to_another_port() -> Result<()> {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let mut server = DnsServer { process: None, port: taken.local_addr()?.port() };
+        let error = server.serve(&[]).await.expect_err("the port is taken");
+        assert!(format!("{error:#}").contains(PORT_TAKEN), "{error:#}");
+
+        let server = DnsServer::start(&[]).await?;
+        assert_ne!(server.addr().port(), taken.local_addr()?.port());
+        Ok(())
     }
 }
