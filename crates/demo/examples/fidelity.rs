@@ -1,6 +1,6 @@
 //! The what-if's fidelity, measured (`cargo xtask bench fidelity`): in each scenario (a seed, a tenant count,
-//! a KV size, an engine profile), an emulated fleet (fleet-sim replicas, KV events on) runs live under
-//! round_robin through fleet-router with its recording; the app's own what-if (`Control::whatif`: the
+//! a KV size, an engine profile, how many routers), an emulated fleet (fleet-sim replicas, KV events on) runs
+//! live under round_robin through fleet-router (each router recording its share); the app's own what-if (`Control::whatif`: the
 //! router's running spec, every page of its trace, the scenario's engine profile) predicts every other policy
 //! from that recording; and then each policy runs live from a cold fleet on the same seeded traffic. Prints
 //! predicted vs measured hit rate and TTFT p95 per scenario and policy, flags the misses beyond the goal
@@ -50,12 +50,17 @@ struct Scenario {
     system_prompt_bytes: usize,
     kv_blocks: u32,
     rps: f64,
+    /// fleet-routers over the fleet, each request sent through one of them (drawn evenly), every router
+    /// recording its share: the what-if replays as many.
+    routers: usize,
 }
 
 /// Scenarios that differ where the what-if's model can go wrong: the demo's roomy KV; the tight KV of issue
 /// 35's report (4 x 300 blocks, 12 tenants, seed 13, 10 req/s, `fleet-sim load`'s 6,000-byte prompts),
-/// where eviction decides the hit rate; and twice the tenants on a slower engine (the 70B profile).
-const SCENARIOS: [Scenario; 3] = [
+/// where eviction decides the hit rate; twice the tenants on a slower engine (the 70B profile); and the demo
+/// fleet behind four routers, where each router sees a quarter of the traffic and the what-if must replay
+/// four routers with their own views.
+const SCENARIOS: [Scenario; 4] = [
     Scenario {
         name: "demo",
         profile: "llama-3.1-8b-h100",
@@ -64,6 +69,7 @@ const SCENARIOS: [Scenario; 3] = [
         system_prompt_bytes: 12_000,
         kv_blocks: 900,
         rps: 14.0,
+        routers: 1,
     },
     Scenario {
         name: "tight-kv",
@@ -73,6 +79,7 @@ const SCENARIOS: [Scenario; 3] = [
         system_prompt_bytes: 6_000,
         kv_blocks: 300,
         rps: 10.0,
+        routers: 1,
     },
     Scenario {
         name: "70b-24-tenants",
@@ -82,6 +89,17 @@ const SCENARIOS: [Scenario; 3] = [
         system_prompt_bytes: 6_000,
         kv_blocks: 600,
         rps: 6.0,
+        routers: 1,
+    },
+    Scenario {
+        name: "demo-4-routers",
+        profile: "llama-3.1-8b-h100",
+        seed: 25,
+        tenants: 12,
+        system_prompt_bytes: 12_000,
+        kv_blocks: 900,
+        rps: 14.0,
+        routers: 4,
     },
 ];
 
@@ -89,8 +107,9 @@ const REPLICAS: usize = 4;
 
 /// One live run: a cold fleet under `policy`, the seeded demo traffic until `requests` were answered.
 struct Live {
+    /// Every router's recording, one after the other.
     records: Vec<TraceRecord>,
-    router_url: String,
+    router_urls: Vec<String>,
     replica_urls: Vec<String>,
     cancel: CancellationToken,
 }
@@ -113,20 +132,26 @@ async fn live(policy: &str, requests: usize, scenario: &Scenario) -> Result<Live
         .map(|(url, kv)| format!("{url},kv={},kv_replay={}", kv.publish, kv.replay))
         .collect();
     let replica_urls = fleet.urls.clone();
-    let router_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let router_url = format!("http://{}", router_listener.local_addr()?);
-    let config = fleet_router::RouterConfig {
-        replicas,
-        policy: format!("policy: {policy}\n").parse().context("policy")?,
-        admin_token: Some(TOKEN.into()),
-        ..Default::default()
-    };
-    let stop = cancel.clone();
-    tokio::spawn(async move { fleet_router::serve(router_listener, config, stop.cancelled_owned()).await });
+    let mut router_urls = Vec::new();
+    for _ in 0..scenario.routers {
+        let router_listener = TcpListener::bind("127.0.0.1:0").await?;
+        router_urls.push(format!("http://{}", router_listener.local_addr()?));
+        let config = fleet_router::RouterConfig {
+            replicas: replicas.clone(),
+            policy: format!("policy: {policy}\n").parse().context("policy")?,
+            admin_token: Some(TOKEN.into()),
+            ..Default::default()
+        };
+        let stop = cancel.clone();
+        tokio::spawn(
+            async move { fleet_router::serve(router_listener, config, stop.cancelled_owned()).await },
+        );
+    }
     tokio::spawn(async move { fleet.join().await });
     let load_stop = cancel.child_token();
     let load = LoadConfig {
-        target: router_url.clone(),
+        target: router_urls[0].clone(),
+        also_targets: router_urls[1..].to_vec(),
         rps: scenario.rps,
         tenants: scenario.tenants,
         system_prompt_bytes: scenario.system_prompt_bytes,
@@ -140,19 +165,25 @@ async fn live(policy: &str, requests: usize, scenario: &Scenario) -> Result<Live
         std::sync::Arc::new(LoadStats::default()),
         load_stop.clone(),
     ));
-    let admin = AdminClient::new(reqwest::Client::new(), &router_url, Some(TOKEN.into()));
+    let admins: Vec<AdminClient> = router_urls
+        .iter()
+        .map(|url| AdminClient::new(reqwest::Client::new(), url, Some(TOKEN.into())))
+        .collect();
     let records =
         eventually(&format!("{requests} requests under {policy}"), Duration::from_secs(300), || {
-            let admin = admin.clone();
+            let admins = admins.clone();
             async move {
-                let records = admin.trace_since(0).await?;
+                let mut records = Vec::new();
+                for admin in &admins {
+                    records.extend(admin.trace_since(0).await?);
+                }
                 let done = records.iter().filter(|r| r.status == Some(200)).count();
                 Ok((done >= requests).then_some(records))
             }
         })
         .await?;
     load_stop.cancel();
-    Ok(Live { records, router_url, replica_urls, cancel })
+    Ok(Live { records, router_urls, replica_urls, cancel })
 }
 
 /// What a live run measured over its first answered requests.
@@ -190,11 +221,11 @@ async fn predict(
 ) -> Result<Vec<WhatIfResult>> {
     let cancel = run.cancel.child_token();
     let mut config = ControlConfig::new(run.replica_urls.clone(), dir.join("history.db"));
-    config.routers = vec![RouterTarget {
-        url: run.router_url.clone(),
-        token: Some(TOKEN.into()),
-        ..RouterTarget::default()
-    }];
+    config.routers = run
+        .router_urls
+        .iter()
+        .map(|url| RouterTarget { url: url.clone(), token: Some(TOKEN.into()), ..RouterTarget::default() })
+        .collect();
     let control = Control::start(config, cancel.clone()).await?;
     let mut results = Vec::new();
     for candidate in candidates {
@@ -407,9 +438,10 @@ async fn main() -> Result<()> {
     let setup = scenarios
         .iter()
         .map(|s| {
+            let routers = if s.routers > 1 { format!(" behind {} routers", s.routers) } else { String::new() };
             format!(
-                "{}: {REPLICAS} fleet-sim replicas of {} KV blocks ({}), {} tenants' {}-byte prompts at {} req/s, \
-                 seed {}",
+                "{}: {REPLICAS} fleet-sim replicas of {} KV blocks ({}){routers}, {} tenants' {}-byte prompts at \
+                 {} req/s, seed {}",
                 s.name, s.kv_blocks, s.profile, s.tenants, s.system_prompt_bytes, s.rps, s.seed
             )
         })

@@ -20,6 +20,10 @@ use tokio_util::sync::CancellationToken;
 pub struct LoadConfig {
     /// Base URL of the OpenAI endpoint to drive (a router or a replica).
     pub target: String,
+    /// More endpoints to spread the requests over with `target` (the routers of a fleet with several):
+    /// each request goes to one of them, drawn evenly. The draws have their own random stream, so the
+    /// traffic itself (arrivals, tenants, prompts) is the same whatever the number of targets.
+    pub also_targets: Vec<String>,
     /// The `model` each request names (None: the field is left out).
     pub model: Option<String>,
     /// Mean requests per second.
@@ -42,6 +46,7 @@ impl Default for LoadConfig {
     fn default() -> Self {
         Self {
             target: "http://127.0.0.1:8000".into(),
+            also_targets: Vec::new(),
             model: Some(crate::DEFAULT_MODEL.to_owned()),
             rps: 8.0,
             tenants: 6,
@@ -83,7 +88,10 @@ fn pick_tenant(rng: &mut SmallRng, tenants: usize) -> usize {
     tenants - 1
 }
 
-/// Sends streaming chat requests to `config.target` until `cancel` fires.
+/// Mixed into the seed for the stream that draws each request's target, apart from the traffic's own.
+const TARGET_STREAM: u64 = 0x7a26_e7c0_5eed_0001;
+
+/// Sends streaming chat requests to `config.target` (and `also_targets`) until `cancel` fires.
 pub async fn run(
     config: LoadConfig,
     client: reqwest::Client,
@@ -91,8 +99,12 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let mut rng = SmallRng::seed_from_u64(config.seed);
+    let mut target_rng = SmallRng::seed_from_u64(config.seed ^ TARGET_STREAM);
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
-    let url = format!("{}/v1/chat/completions", config.target.trim_end_matches('/'));
+    let urls: Vec<String> = std::iter::once(&config.target)
+        .chain(&config.also_targets)
+        .map(|target| format!("{}/v1/chat/completions", target.trim_end_matches('/')))
+        .collect();
     let tenants = config.tenants.max(1);
     let prompts: Vec<String> = (0..tenants).map(|t| system_prompt(t, config.system_prompt_bytes)).collect();
     loop {
@@ -119,7 +131,8 @@ pub async fn run(
         if let Some(model) = &config.model {
             body["model"] = json!(model);
         }
-        let request = client.post(&url).json(&body).timeout(config.request_timeout);
+        let url = if urls.len() > 1 { &urls[target_rng.random_range(0..urls.len())] } else { &urls[0] };
+        let request = client.post(url).json(&body).timeout(config.request_timeout);
         let stats = stats.clone();
         let cancel = cancel.clone();
         stats.sent.fetch_add(1, Ordering::Relaxed);

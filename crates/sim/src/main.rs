@@ -52,6 +52,10 @@ enum Command {
         /// Base URL of the endpoint, e.g. http://127.0.0.1:8080.
         #[arg(long)]
         target: String,
+        /// Another endpoint of the same fleet (another router); repeat for each. Each request goes to
+        /// --target or one of these, drawn evenly; the traffic itself stays the same.
+        #[arg(long = "also-target", value_name = "URL")]
+        also_targets: Vec<String>,
         /// Mean requests per second (Poisson arrivals).
         #[arg(long, default_value_t = 8.0)]
         rps: f64,
@@ -88,10 +92,11 @@ async fn main() -> Result<()> {
     });
     match Cli::parse().command {
         Command::Serve(args) => cli_serve::run(args, cancel).await?,
-        Command::Load { target, rps, duration, tenants, seed, model } => {
+        Command::Load { target, also_targets, rps, duration, tenants, seed, model } => {
             anyhow::ensure!(rps > 0.0 && rps.is_finite(), "--rps must be a positive number, got {rps}");
             let model = (!model.is_empty()).then_some(model);
-            let config = LoadConfig { target, rps, tenants, seed, model, ..LoadConfig::default() };
+            let config =
+                LoadConfig { target, also_targets, rps, tenants, seed, model, ..LoadConfig::default() };
             let stats = Arc::new(LoadStats::default());
             if let Some(seconds) = duration {
                 let stop = cancel.clone();

@@ -361,3 +361,48 @@ async fn bad_requests_get_errors_that_say_what_to_fix() -> Result<()> {
     assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("not a valid completions request")));
     Ok(())
 }
+
+/// Successful requests a replica counted (every `vllm:request_success_total` series summed).
+async fn requests_served(http: &reqwest::Client, url: &str) -> Result<f64> {
+    let text = http.get(format!("{url}/metrics")).send().await?.text().await?;
+    Ok(text
+        .lines()
+        .filter(|line| line.starts_with("vllm:request_success_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+#[tokio::test]
+async fn load_spreads_its_requests_over_every_target() -> Result<()> {
+    let fleet = start_fleet(3, ReplicaConfig::default(), None).await?;
+    let stats = std::sync::Arc::new(fleet_sim::load::LoadStats::default());
+    let stop = CancellationToken::new();
+    let config = fleet_sim::load::LoadConfig {
+        target: fleet.url(0).to_owned(),
+        also_targets: vec![fleet.url(1).to_owned(), fleet.url(2).to_owned()],
+        rps: 200.0,
+        max_tokens: 2,
+        ..fleet_sim::load::LoadConfig::default()
+    };
+    let load =
+        tokio::spawn(fleet_sim::load::run(config, reqwest::Client::new(), stats.clone(), stop.clone()));
+    let http = reqwest::Client::new();
+    let served =
+        fleet_test_support::eventually("every target to serve requests", Duration::from_secs(30), || {
+            let http = http.clone();
+            let urls: Vec<String> = fleet.fleet.urls.clone();
+            async move {
+                let mut served = Vec::new();
+                for url in &urls {
+                    served.push(requests_served(&http, url).await?);
+                }
+                Ok((served.iter().sum::<f64>() >= 60.0).then_some(served))
+            }
+        })
+        .await?;
+    stop.cancel();
+    load.await?;
+    // 60 draws of three: each target's share is 20 on average; below 5 has odds under one in ten thousand.
+    assert!(served.iter().all(|&n| n >= 5.0), "requests served by each target: {served:?}");
+    Ok(())
+}
