@@ -826,6 +826,9 @@ fn relay(
     let mut response = Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
+    // First, so that the answer's head carries it on its first header line: a relayed 400 is told from
+    // hyper's own by that line alone (`serve::Stamped`).
+    headers.insert(REQUEST_ID_HEADER, HeaderValue::from(request_id));
     if let Some(content_type) = content_type {
         headers.insert(header::CONTENT_TYPE, content_type);
     }
@@ -837,7 +840,6 @@ fn relay(
     }
     headers.insert(BRANCH_HEADER, HeaderValue::from_static(branch_label(branch)));
     headers.insert(POLICY_VERSION_HEADER, HeaderValue::from(policy_version));
-    headers.insert(REQUEST_ID_HEADER, HeaderValue::from(request_id));
     response
 }
 

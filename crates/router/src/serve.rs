@@ -124,8 +124,14 @@ pub trait Refusals: Send + Sync + 'static {
 
     /// A header to add to the answers hyper makes itself (a request it cannot parse: 400, 414, 431), which no
     /// route sees; `None` adds nothing.
-    fn stamp(&self) -> Option<(HeaderName, HeaderValue)> {
+    fn stamp_header(&self) -> Option<HeaderName> {
         None
+    }
+
+    /// The value of [`Refusals::stamp_header`] for one answer hyper made itself; asked only for an answer that
+    /// is stamped (fleet-router draws a request id for each).
+    fn stamp_value(&self) -> HeaderValue {
+        HeaderValue::from_static("")
     }
 }
 
@@ -152,21 +158,28 @@ impl Refusals for RouterRefusals {
         over_capacity_answer(body, &[(crate::proxy::REQUEST_ID_HEADER, id)])
     }
 
-    fn stamp(&self) -> Option<(HeaderName, HeaderValue)> {
-        Some((crate::proxy::REQUEST_ID_HEADER, HeaderValue::from(self.0.next_request_id())))
+    fn stamp_header(&self) -> Option<HeaderName> {
+        Some(crate::proxy::REQUEST_ID_HEADER)
+    }
+
+    fn stamp_value(&self) -> HeaderValue {
+        HeaderValue::from(self.0.next_request_id())
     }
 }
 
-/// A client connection that adds the [`Refusals::stamp`] header to the answers hyper writes itself.
+/// A client connection that adds the [`Refusals::stamp_header`] header to the answers hyper writes itself.
 ///
 /// hyper answers a request it cannot parse with a bare head (`HTTP/1.1 400 Bad Request`, `414`, `431`, a
 /// `content-length: 0`, a date) and closes the connection; no service runs, so nothing else can add a header
 /// to it. This recognises such a head as it is written (an error status of those three, a head that ends the
 /// write and does not carry the header already, as every answer of a route does) and writes it with the
 /// header after its status line. Other writes pass through untouched: one length check and a byte compare.
+/// A route's answer of those statuses (a relayed 400) is told apart by the header, which routes put first
+/// so that the check stops at the first line.
 pub struct Stamped<IO> {
     io: IO,
-    refusals: Option<Arc<dyn Refusals>>,
+    /// The header to stamp and who gives its values; `None` stamps nothing.
+    stamp: Option<(HeaderName, Arc<dyn Refusals>)>,
     /// A stamped head being written: its bytes, how many are written, and the length the caller wrote.
     pending: Option<(Vec<u8>, usize, usize)>,
 }
@@ -174,7 +187,8 @@ pub struct Stamped<IO> {
 impl<IO> Stamped<IO> {
     /// `io`, stamping hyper's own answers with `refusals`' header (none when it has none).
     pub fn new(io: IO, refusals: &Arc<dyn Refusals>) -> Self {
-        Self { io, refusals: Some(refusals.clone()), pending: None }
+        let stamp = refusals.stamp_header().map(|name| (name, refusals.clone()));
+        Self { io, stamp, pending: None }
     }
 }
 
@@ -229,14 +243,11 @@ impl<IO: AsyncWrite + Unpin> Stamped<IO> {
 
     /// Starts writing `buf` stamped, if it is one of hyper's own answers; `None` when it is not.
     fn try_stamp(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Option<Poll<std::io::Result<usize>>> {
-        let refusals = self.refusals.as_ref()?;
-        if !own_error_head(buf) {
+        let (name, refusals) = self.stamp.as_ref()?;
+        if !own_error_head(buf) || has_header(buf, name) {
             return None;
         }
-        let (name, value) = refusals.stamp()?;
-        if has_header(buf, &name) {
-            return None;
-        }
+        let value = refusals.stamp_value();
         let line_end = buf.windows(2).position(|w| w == b"\r\n")? + 2;
         let mut stamped = Vec::with_capacity(buf.len() + 64);
         stamped.extend_from_slice(&buf[..line_end]);

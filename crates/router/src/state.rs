@@ -433,7 +433,8 @@ impl DecisionRecord {
 /// The decision log: the records and what they weigh.
 #[derive(Debug, Default)]
 struct DecisionLog {
-    records: VecDeque<Arc<DecisionRecord>>,
+    /// Each record with its [`DecisionRecord::weight`], weighed once as it is logged.
+    records: VecDeque<(Arc<DecisionRecord>, usize)>,
     /// The sum of the records' [`DecisionRecord::weight`]s.
     bytes: usize,
 }
@@ -873,11 +874,11 @@ impl RouterState {
         while log.records.len() >= self.config.decisions_capacity
             || (!log.records.is_empty() && log.bytes + added > self.config.decisions_max_bytes)
         {
-            let Some(oldest) = log.records.pop_front() else { break };
-            log.bytes -= oldest.weight();
+            let Some((_, weight)) = log.records.pop_front() else { break };
+            log.bytes -= weight;
         }
         log.bytes += added;
-        log.records.push_back(Arc::new(record));
+        log.records.push_back((Arc::new(record), added));
     }
 
     /// The newest `limit` decisions, newest first, at most `max_bytes` of them by
@@ -886,8 +887,8 @@ impl RouterState {
         let log = lock(&self.decisions);
         let mut bytes = 0usize;
         let mut page = Vec::new();
-        for record in log.records.iter().rev().take(limit) {
-            bytes += record.weight();
+        for (record, weight) in log.records.iter().rev().take(limit) {
+            bytes += weight;
             if !page.is_empty() && bytes > max_bytes {
                 break;
             }
@@ -904,7 +905,12 @@ impl RouterState {
 
     /// The decision for request `request_id`, if the log still holds it.
     pub fn decision_of(&self, request_id: u64) -> Option<Arc<DecisionRecord>> {
-        lock(&self.decisions).records.iter().rev().find(|record| record.request_id == request_id).cloned()
+        lock(&self.decisions)
+            .records
+            .iter()
+            .rev()
+            .find(|(record, _)| record.request_id == request_id)
+            .map(|(record, _)| record.clone())
     }
 
     /// The `/admin/state` document.

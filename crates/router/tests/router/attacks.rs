@@ -336,3 +336,23 @@ async fn hypers_own_answers_carry_a_request_id() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_relayed_400_keeps_its_one_request_id_and_draws_no_other() -> Result<()> {
+    // A relayed 400 looks like hyper's own answers (their statuses, a head on its own); only its request id
+    // tells it apart, and telling must not draw an id of its own for a stamp it does not get.
+    let sim = spawn_sim(1, ModelConfig::default()).await?;
+    let router = crate::support::admin_router(sim.urls()).await?;
+    let http = client();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let body = json!({"model": fleet_sim::DEFAULT_MODEL, "prompt": "x", "max_tokens": -1});
+        let answer = http.post(format!("{}/v1/completions", router.url)).json(&body).send().await?;
+        assert_eq!(answer.status(), 400, "the replica refuses max_tokens -1");
+        let id: Vec<_> = answer.headers().get_all("x-fleet-request-id").iter().collect();
+        assert_eq!(id.len(), 1, "one request id: {id:?}");
+        ids.push(id[0].to_str()?.parse::<u64>()?);
+    }
+    assert!(ids.windows(2).all(|pair| pair[1] == pair[0] + 1), "ids drawn one a request: {ids:?}");
+    Ok(())
+}
