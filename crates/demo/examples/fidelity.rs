@@ -424,8 +424,12 @@ async fn main() -> Result<()> {
             if pairs.iter().all(|p: &Pair| p.scenario != scenario.name) {
                 print_row(scenario.name, &format!("{RECORDED} (self-check)"), &pair.self_check);
                 println!(
-                    "{:<16} profile: {} ({})  coverage: {}",
-                    "", predicted.profile.name, predicted.profile.reason, predicted.coverage.summary
+                    "{:<16} profile: {} ({})  coverage: {}  routers: {}",
+                    "",
+                    predicted.profile.name,
+                    predicted.profile.reason,
+                    predicted.coverage.summary,
+                    predicted.router_model.summary
                 );
             }
             print_row(scenario.name, &format!("{candidate} (from {RECORDED})"), &pair.candidate);
