@@ -353,6 +353,6 @@ async fn a_relayed_400_keeps_its_one_request_id_and_draws_no_other() -> Result<(
         assert_eq!(id.len(), 1, "one request id: {id:?}");
         ids.push(id[0].to_str()?.parse::<u64>()?);
     }
-    assert!(ids.windows(2).all(|pair| pair[1] == pair[0] + 1), "ids drawn one a request: {ids:?}");
+    assert!(ids.windows(2).all(|pair| pair[1] == pair[0] + 1), "one id drawn per request: {ids:?}");
     Ok(())
 }
