@@ -1,14 +1,13 @@
-//! The what-if's fidelity, measured (`cargo xtask bench fidelity`): in each scenario (a seed, a tenant count,
-//! a KV size, an engine profile, how many routers), an emulated fleet (fleet-sim replicas, KV events on) runs
-//! live under round_robin through fleet-router (each router recording its share); the app's own what-if
+//! The what-if's fidelity, measured (`cargo xtask bench fidelity`): in each scenario (a seed, a tenant count, a
+//! KV size, an engine profile, how many routers), an emulated fleet (fleet-sim replicas, KV events on) runs live
+//! under round_robin through fleet-router (each router recording its share); the app's own what-if
 //! (`Control::whatif`: the routers' running spec, every page of their traces, the scenario's engine profile)
-//! predicts every other policy from that recording; and then each policy runs live from a cold fleet on the
-//! same seeded traffic. Prints
-//! predicted vs measured hit rate and TTFT p95 per scenario and policy, flags the misses beyond the goal
-//! (2 pp, 15 %) and, of those, the ones chance cannot explain: beyond the what-if's own spread (its
-//! replays with other random draws, metrics-read phases and arrival times) and beyond the measured p95's
-//! 95 % confidence interval (which requests make the p95 of a few hundred); it writes the table the app
-//! shows next to its predictions (the worst miss per change).
+//! predicts every other policy from that recording; and then each policy runs live from a cold fleet on the same
+//! seeded traffic. Prints predicted vs measured hit rate and TTFT p95 per scenario and policy, flags the misses
+//! beyond the goal (2 pp, 15 %) and, of those, the ones chance cannot explain: beyond the what-if's own spread
+//! (its replays with other random draws, metrics-read phases and arrival times) and beyond the measured p95's 95
+//! % confidence interval (which requests make the p95 of a few hundred); it writes the table the app shows next
+//! to its predictions (the worst miss per change).
 //!
 //! `cargo run --release -p fleet-demo --example fidelity -- [OUT.json] [REQUESTS] [--scenario NAME]...
 //! [--policy NAME]... [--keep-traces DIR]`
