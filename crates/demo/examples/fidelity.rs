@@ -5,8 +5,8 @@
 //! predicts every other policy from that recording; and then each policy runs live from a cold fleet on the same
 //! seeded traffic. Prints predicted vs measured hit rate and TTFT p95 per scenario and policy, flags the misses
 //! beyond the goal (2 pp, 15 %) and, of those, the ones chance cannot explain: beyond the what-if's own spread
-//! (its replays with other random draws, metrics-read phases and arrival times) and beyond the measured p95's 95
-//! % confidence interval (which requests make the p95 of a few hundred); it writes the table the app shows next
+//! (its replays with other random draws, metrics-read phases and arrival times) and beyond the measured p95's
+//! 95 % confidence interval (which requests make the p95 of a few hundred); it writes the table the app shows next
 //! to its predictions (the worst miss per change).
 //!
 //! `cargo run --release -p fleet-demo --example fidelity -- [OUT.json] [REQUESTS] [--scenario NAME]...
