@@ -55,22 +55,25 @@ struct Scenario {
     routers: usize,
 }
 
+/// The demo's fleet and traffic: roomy KV, one router.
+const DEMO: Scenario = Scenario {
+    name: "demo",
+    profile: "llama-3.1-8b-h100",
+    seed: 25,
+    tenants: 12,
+    system_prompt_bytes: 12_000,
+    kv_blocks: 900,
+    rps: 14.0,
+    routers: 1,
+};
+
 /// Scenarios that differ where the what-if's model can go wrong: the demo's roomy KV; the tight KV of issue
 /// 35's report (4 x 300 blocks, 12 tenants, seed 13, 10 req/s, `fleet-sim load`'s 6,000-byte prompts),
 /// where eviction decides the hit rate; twice the tenants on a slower engine (the 70B profile); and the demo
 /// fleet behind four routers, where each router sees a quarter of the traffic and the what-if must replay
 /// four routers with their own views.
 const SCENARIOS: [Scenario; 4] = [
-    Scenario {
-        name: "demo",
-        profile: "llama-3.1-8b-h100",
-        seed: 25,
-        tenants: 12,
-        system_prompt_bytes: 12_000,
-        kv_blocks: 900,
-        rps: 14.0,
-        routers: 1,
-    },
+    DEMO,
     Scenario {
         name: "tight-kv",
         profile: "llama-3.1-8b-h100",
@@ -91,16 +94,7 @@ const SCENARIOS: [Scenario; 4] = [
         rps: 6.0,
         routers: 1,
     },
-    Scenario {
-        name: "demo-4-routers",
-        profile: "llama-3.1-8b-h100",
-        seed: 25,
-        tenants: 12,
-        system_prompt_bytes: 12_000,
-        kv_blocks: 900,
-        rps: 14.0,
-        routers: 4,
-    },
+    Scenario { name: "demo-4-routers", routers: 4, ..DEMO },
 ];
 
 const REPLICAS: usize = 4;
