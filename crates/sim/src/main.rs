@@ -65,6 +65,9 @@ enum Command {
         /// Distinct tenants sharing system prompts (Zipf popularity).
         #[arg(long, default_value_t = 6)]
         tenants: usize,
+        /// Length of each tenant's system prompt, in bytes (the demo fleet's traffic uses 12000).
+        #[arg(long, default_value_t = 6000)]
+        system_prompt_bytes: usize,
         #[arg(long, default_value_t = 7)]
         seed: u64,
         /// The `model` every request names; "" leaves the field out.
@@ -92,11 +95,19 @@ async fn main() -> Result<()> {
     });
     match Cli::parse().command {
         Command::Serve(args) => cli_serve::run(args, cancel).await?,
-        Command::Load { target, also_targets, rps, duration, tenants, seed, model } => {
+        Command::Load { target, also_targets, rps, duration, tenants, system_prompt_bytes, seed, model } => {
             anyhow::ensure!(rps > 0.0 && rps.is_finite(), "--rps must be a positive number, got {rps}");
             let model = (!model.is_empty()).then_some(model);
-            let config =
-                LoadConfig { target, also_targets, rps, tenants, seed, model, ..LoadConfig::default() };
+            let config = LoadConfig {
+                target,
+                also_targets,
+                rps,
+                tenants,
+                system_prompt_bytes,
+                seed,
+                model,
+                ..LoadConfig::default()
+            };
             let stats = Arc::new(LoadStats::default());
             if let Some(seconds) = duration {
                 let stop = cancel.clone();
