@@ -40,12 +40,18 @@ pub struct DnsServer {
 /// What dnsmasq prints when the port it was given is taken (for UDP or TCP), before it exits.
 const PORT_TAKEN: &str = "Address already in use";
 
-/// A loopback port free for both UDP and TCP a moment ago: dnsmasq binds both.
+/// A loopback port free for both UDP and TCP a moment ago: dnsmasq binds both. A port free for TCP whose
+/// UDP side is taken is passed over for another.
 fn free_port() -> Result<u16> {
-    let tcp = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let port = tcp.local_addr()?.port();
-    std::net::UdpSocket::bind(("127.0.0.1", port))?;
-    Ok(port)
+    const TRIES: usize = 20;
+    for _ in 0..TRIES {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = tcp.local_addr()?.port();
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no loopback port was free for both TCP and UDP in {TRIES} tries")
 }
 
 impl DnsServer {
