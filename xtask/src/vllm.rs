@@ -137,10 +137,15 @@ fn install_venv(venv: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `import vllm` must find the CPU platform and load its compiled ops.
+/// `import vllm` must find the CPU platform and load its compiled ops. The ops are loaded as vLLM itself
+/// loads them (`import_kernels`): the wheel ships one library per instruction set (`_C` for AVX-512 with
+/// BF16, `_C_AVX512`, `_C_AVX2`) and picks by the CPU; importing `vllm._C` directly dies of an illegal
+/// instruction on a CPU without AVX-512.
 fn check_import(python: &Path) -> Result<()> {
-    let probe = "import vllm, vllm._C; from vllm.platforms import current_platform as p; \
-                 assert type(p).__name__ == 'CpuPlatform', type(p).__name__; print(vllm.__version__)";
+    let probe = "import torch, vllm; from vllm.platforms import current_platform as p; \
+                 assert type(p).__name__ == 'CpuPlatform', type(p).__name__; p.import_kernels(); \
+                 assert hasattr(torch.ops._C, 'rms_norm'), 'the compiled ops did not load'; \
+                 print(vllm.__version__)";
     let out = Command::new(python)
         .args(["-c", probe])
         .output()
@@ -149,7 +154,8 @@ fn check_import(python: &Path) -> Result<()> {
         return Ok(());
     }
     Err(format!(
-        "the vLLM venv does not import: {}\n{}",
+        "the vLLM venv does not import ({}): {}\n{}",
+        out.status,
         python.display(),
         String::from_utf8_lossy(&out.stderr).lines().rev().take(8).collect::<Vec<_>>().join("\n")
     ))
