@@ -725,14 +725,14 @@ impl Engine {
         now_ms: u64,
         rng: &mut R,
     ) -> Result<Decision, PickError> {
-        // Other routers' requests weigh in the load guard, which only the cache-aware policies have.
-        let counts_others = self.policy.guard().is_some();
+        // Other routers' requests weigh in the load guard (the cache-aware policies) and the wait metric.
+        let counts_others = self.policy.weighs_other_routers();
         let mut pick = PickInProgress::new(self, view, now_ms, counts_others)?;
         match &self.policy {
             ResolvedPolicy::RoundRobin => load_based::round_robin(self, &mut pick, rng),
             ResolvedPolicy::Random => load_based::random(&mut pick, rng),
-            ResolvedPolicy::LeastLoad(p) => load_based::least_load(&mut pick, p.load_metric),
-            ResolvedPolicy::PowerOfTwo(p) => load_based::power_of_two(&mut pick, p.load_metric, rng),
+            ResolvedPolicy::LeastLoad(p) => load_based::least_load(self, &mut pick, p),
+            ResolvedPolicy::PowerOfTwo(p) => load_based::power_of_two(self, &mut pick, p, rng),
             // The cache-aware policies decide, then the shared load guard reviews the choice.
             ResolvedPolicy::ConsistentHash(p) => {
                 ring::consistent_hash(self, &mut pick, p, view);
@@ -968,8 +968,10 @@ mod tests {
 
     #[test]
     fn reported_load_counts_other_routers_requests_and_ages_out() {
-        // Replica 0 is first in engine order, so without reported figures least_load ties to it.
-        let mut engine = Engine::new(PolicySpec::named("least_load"), &ids(2)).expect("valid");
+        // Replica 0 is first in engine order, so without reported figures least_load ties to it. Load
+        // counted in requests: what `seen_load` holds.
+        let least_requests = PolicySpec::named("least_load").with("load_metric", "requests");
+        let mut engine = Engine::new(least_requests, &ids(2)).expect("valid");
         engine.set_metrics_max_age(Some(1_000));
         let mut rng = StdRng::seed_from_u64(1);
         let view = RequestView::default();

@@ -36,7 +36,7 @@ pub fn policy_summary(policy: &str) -> Option<&'static str> {
     Some(match policy {
         "round_robin" => "Each healthy replica in turn.",
         "random" => "A uniformly random healthy replica (seeded).",
-        "least_load" => "The replica with the fewest outstanding requests or prefill tokens.",
+        "least_load" => "The replica where a request would wait least (or: fewest outstanding requests).",
         "power_of_two" => "Two seeded random replicas; the less loaded wins.",
         "consistent_hash" => {
             "Consistent hashing with bounded load (CHWBL): a prefix or session sticks to one replica \
@@ -672,13 +672,26 @@ fn choice(
     ParamDoc { name, kind: ParamKind::Choice { options }, default: Value::from(default), meaning }
 }
 
-fn load_metric_doc() -> ParamDoc {
-    choice(
-        "load_metric",
-        vec!["requests", "prefill_tokens"],
-        "requests",
-        "What counts as load: outstanding requests, or prompt tokens of requests still in prefill.",
-    )
+fn load_metric_docs() -> Vec<ParamDoc> {
+    vec![
+        choice(
+            "load_metric",
+            vec!["wait", "requests", "prefill_tokens"],
+            "wait",
+            "What counts as load: the expected wait, in blocks of prefill: the prefill queued there (of prompts \
+             not cached there when routed) plus decode_wait_weight x the blocks its decoding requests hold, other \
+             routers' requests counted from the replica's fresh metrics; or outstanding requests (SGLang's \
+             least-load); or prompt tokens of requests still in prefill.",
+        ),
+        float(
+            "decode_wait_weight",
+            0.0,
+            1000.0,
+            DEFAULT_DECODE_WAIT_WEIGHT,
+            "With load_metric wait: blocks of prefill each block held by a replica's decoding requests adds to \
+             its expected wait.",
+        ),
+    ]
 }
 
 fn hashing_docs() -> [ParamDoc; 2] {
@@ -752,7 +765,7 @@ const DEFAULT_DECODE_WAIT_WEIGHT: f64 = 0.1;
 /// Parameters of `policy` with type, range, default and meaning (empty for parameterless or unknown policies).
 pub fn param_docs(policy: &str) -> Vec<ParamDoc> {
     match policy {
-        "least_load" | "power_of_two" => vec![load_metric_doc()],
+        "least_load" | "power_of_two" => load_metric_docs(),
         "consistent_hash" => {
             let mut docs = vec![
                 integer(
@@ -1013,6 +1026,15 @@ impl ResolvedPolicy {
         }
     }
 
+    /// Whether picks weigh the requests other routers sent (from replicas' fresh metrics) in blocks: the
+    /// load guard does, and so does the `wait` load metric.
+    pub fn weighs_other_routers(&self) -> bool {
+        match self {
+            Self::LeastLoad(p) | Self::PowerOfTwo(p) => p.load_metric == LoadMetric::Wait,
+            _ => self.guard().is_some(),
+        }
+    }
+
     /// How the caller should cut prompts into blocks for this policy (defaults for policies without the parameters).
     pub fn hashing(&self) -> HashingParams {
         match self {
@@ -1057,6 +1079,11 @@ pub enum LoadMetric {
     Requests,
     /// Prompt tokens of requests routed and not yet past their first token.
     PrefillTokens,
+    /// The load guard's expected wait, in blocks of prefill: queued prefill (of prompts not cached where
+    /// they were routed) plus `decode_wait_weight` per block in decode, other routers' requests included
+    /// where metrics are fresh. Unlike a count of requests it tells a long prompt from a short one, and
+    /// unlike prompt tokens it sees what a replica's cache saved and what its decoding costs.
+    Wait,
 }
 
 /// Parameters of `least_load` and `power_of_two`.
@@ -1064,16 +1091,22 @@ pub enum LoadMetric {
 pub struct LoadParams {
     /// What counts as load.
     pub load_metric: LoadMetric,
+    /// With [`LoadMetric::Wait`]: prefill blocks each decoding block adds to the wait.
+    pub decode_wait_weight: f64,
 }
 
 impl LoadParams {
+    /// Outstanding requests as load (the cache-aware policies' fallback when their choice is off balance).
+    pub const REQUESTS: Self = Self { load_metric: LoadMetric::Requests, decode_wait_weight: 0.0 };
+
     fn read(values: &ResolvedValues<'_>) -> Self {
         Self {
-            load_metric: if values.choice("load_metric") == "prefill_tokens" {
-                LoadMetric::PrefillTokens
-            } else {
-                LoadMetric::Requests
+            load_metric: match values.choice("load_metric").as_str() {
+                "prefill_tokens" => LoadMetric::PrefillTokens,
+                "wait" => LoadMetric::Wait,
+                _ => LoadMetric::Requests,
             },
+            decode_wait_weight: values.float("decode_wait_weight"),
         }
     }
 }
@@ -1270,7 +1303,7 @@ mod tests {
         assert!(matches!(error, SpecError::WrongType { .. }), "{error}");
         let error =
             PolicySpec::named("least_load").with("load_metric", "tokens").validate().expect_err("choice");
-        assert!(error.to_string().contains("one of requests, prefill_tokens"), "{error}");
+        assert!(error.to_string().contains("one of wait, requests, prefill_tokens"), "{error}");
         let error = "schema_version: 2\npolicy: random\n".parse::<PolicySpec>().expect_err("version");
         assert_eq!(error, SpecError::UnsupportedSchemaVersion { found: 2 });
         assert!(matches!("{".parse::<PolicySpec>(), Err(SpecError::Parse { format: "JSON", .. })));

@@ -61,9 +61,16 @@ struct Verdict {
 fn judge(workload: &Workload) -> Result<Verdict> {
     let mut config = ReplayConfig::new(REPLICAS, PolicySpec::default());
     config.capacity_blocks = Some(CAPACITY_BLOCKS);
-    let specs: Vec<PolicySpec> = POLICY_NAMES.iter().map(|name| PolicySpec::named(name)).collect();
+    let mut specs: Vec<PolicySpec> = POLICY_NAMES.iter().map(|name| PolicySpec::named(name)).collect();
+    let mut names: Vec<&str> = POLICY_NAMES.to_vec();
+    // The load-based policies also as SGLang counts load, in requests, beside their default (expected
+    // wait): what the default buys.
+    for name in ["least_load", "power_of_two"] {
+        specs.push(PolicySpec::named(name).with("load_metric", "requests"));
+    }
+    names.extend(["least_load:requests", "power_of_two:requests"]);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let reports: Vec<(&str, ReplayReport)> = POLICY_NAMES
+    let reports: Vec<(&str, ReplayReport)> = names
         .iter()
         .copied()
         .zip(replay::compare(&workload.trace, &config, &specs, threads, None))

@@ -11,7 +11,7 @@ use crate::kv_event::Medium;
 use crate::prefix_index::PrefixIndex;
 use crate::replica::ReplicaId;
 use crate::request::RequestView;
-use crate::spec::{CacheAwareParams, KvPreciseParams, LoadMetric, PrefixSource, WeightedScorersParams};
+use crate::spec::{CacheAwareParams, KvPreciseParams, LoadParams, PrefixSource, WeightedScorersParams};
 
 /// Metrics older than this are flagged in the explanation as stale.
 const STALE_METRICS_MS: u64 = 10_000;
@@ -133,7 +133,7 @@ pub(super) fn approx(
         max - min > params.balance_abs_threshold && max as f64 > params.balance_rel_threshold * min as f64;
     // Least loaded, ties to the replica the index attributes the fewest blocks to (most room), as SGLang does.
     let least_loaded = |pick: &mut PickInProgress| {
-        fill_loads_and_pick_least(pick, LoadMetric::Requests);
+        fill_loads_and_pick_least(engine, pick, &LoadParams::REQUESTS);
         argmin_by(&pick.healthy, |p| {
             (held(&pick.candidates[p]), engine.routed_index.blocks_at(pick.slots[p]))
         })

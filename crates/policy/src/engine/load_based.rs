@@ -4,14 +4,21 @@ use rand::{Rng, RngCore};
 
 use super::{Engine, PickInProgress, argmin_by};
 use crate::decision::Branch;
-use crate::spec::LoadMetric;
+use crate::spec::{LoadMetric, LoadParams};
 
-pub(super) fn load_of(pick: &PickInProgress, position: usize, metric: LoadMetric) -> f64 {
+pub(super) fn load_of(engine: &Engine, pick: &PickInProgress, position: usize, params: &LoadParams) -> f64 {
     let candidate = &pick.candidates[position];
-    match metric {
+    match params.load_metric {
         // Fresh reported metrics count the requests other routers sent too.
         LoadMetric::Requests => candidate.seen_load.unwrap_or(candidate.outstanding as f64),
         LoadMetric::PrefillTokens => candidate.prefill_tokens as f64,
+        LoadMetric::Wait => {
+            let (prefill, decode) = engine.slots[pick.slots[position] as usize]
+                .as_ref()
+                .map_or((0.0, 0.0), |s| (s.active_prefill_blocks as f64, s.active_decode_blocks as f64));
+            let foreign = pick.foreign.get(position).copied().unwrap_or_default();
+            prefill + foreign.prefill + params.decode_wait_weight * (decode + foreign.decode)
+        }
     }
 }
 
@@ -19,6 +26,7 @@ fn metric_name(metric: LoadMetric) -> &'static str {
     match metric {
         LoadMetric::Requests => "outstanding requests",
         LoadMetric::PrefillTokens => "prefill tokens",
+        LoadMetric::Wait => "blocks of expected wait",
     }
 }
 
@@ -70,12 +78,18 @@ pub(super) fn random<R: RngCore + ?Sized>(pick: &mut PickInProgress, rng: &mut R
 }
 
 /// Fills `load` for every healthy candidate and returns the least loaded (engine order breaks ties).
-pub(super) fn fill_loads_and_pick_least(pick: &mut PickInProgress, metric: LoadMetric) -> usize {
+pub(super) fn fill_loads_and_pick_least(
+    engine: &Engine,
+    pick: &mut PickInProgress,
+    params: &LoadParams,
+) -> usize {
     for index in 0..pick.healthy.len() {
         let position = pick.healthy[index];
-        pick.candidates[position].load = Some(load_of(pick, position, metric));
+        pick.candidates[position].load = Some(load_of(engine, pick, position, params));
     }
-    argmin_by(&pick.healthy, |position| (load_of(pick, position, metric), tie_break(pick, position, metric)))
+    argmin_by(&pick.healthy, |position| {
+        (load_of(engine, pick, position, params), tie_break(pick, position, params.load_metric))
+    })
 }
 
 /// What breaks a tie of `metric`, before engine order: the other figure. Equal request counts go to the
@@ -85,27 +99,35 @@ fn tie_break(pick: &PickInProgress, position: usize, metric: LoadMetric) -> u64 
     let candidate = &pick.candidates[position];
     match metric {
         LoadMetric::Requests => candidate.prefill_tokens,
-        LoadMetric::PrefillTokens => candidate.outstanding,
+        // No queue anywhere: fewer requests decoding.
+        LoadMetric::PrefillTokens | LoadMetric::Wait => candidate.outstanding,
     }
 }
 
-pub(super) fn least_load(pick: &mut PickInProgress, metric: LoadMetric) {
-    let position = fill_loads_and_pick_least(pick, metric);
+pub(super) fn least_load(engine: &Engine, pick: &mut PickInProgress, params: &LoadParams) {
+    let metric = params.load_metric;
+    let position = fill_loads_and_pick_least(engine, pick, params);
     let reason = format!(
         "least load: {} has the fewest {} ({}) of {} healthy replicas",
         pick.replica(position),
         metric_name(metric),
-        load_of(pick, position, metric),
+        load_of(engine, pick, position, params),
         pick.healthy.len()
     );
     pick.decide(position, Branch::LeastLoad, reason);
 }
 
-pub(super) fn power_of_two<R: RngCore + ?Sized>(pick: &mut PickInProgress, metric: LoadMetric, rng: &mut R) {
+pub(super) fn power_of_two<R: RngCore + ?Sized>(
+    engine: &Engine,
+    pick: &mut PickInProgress,
+    params: &LoadParams,
+    rng: &mut R,
+) {
+    let metric = params.load_metric;
     let healthy = pick.healthy.len();
     if healthy == 1 {
         let position = pick.healthy[0];
-        pick.candidates[position].load = Some(load_of(pick, position, metric));
+        pick.candidates[position].load = Some(load_of(engine, pick, position, params));
         let reason = format!("power of two: {} is the only healthy replica", pick.replica(position));
         pick.decide(position, Branch::PowerOfTwo, reason);
         return;
@@ -118,18 +140,18 @@ pub(super) fn power_of_two<R: RngCore + ?Sized>(pick: &mut PickInProgress, metri
     }
     let (first, second) = (pick.healthy[first], pick.healthy[second]);
     for position in [first, second] {
-        pick.candidates[position].load = Some(load_of(pick, position, metric));
+        pick.candidates[position].load = Some(load_of(engine, pick, position, params));
         pick.candidates[position].note = Some("drawn".to_owned());
     }
-    let key = |position| (load_of(pick, position, metric), tie_break(pick, position, metric));
+    let key = |position| (load_of(engine, pick, position, params), tie_break(pick, position, metric));
     let (winner, loser) = if key(second) < key(first) { (second, first) } else { (first, second) };
     let reason = format!(
         "power of two: drew {} ({} {}) and {} ({} {}); the less loaded wins",
         pick.replica(winner),
-        load_of(pick, winner, metric),
+        load_of(engine, pick, winner, params),
         metric_name(metric),
         pick.replica(loser),
-        load_of(pick, loser, metric),
+        load_of(engine, pick, loser, params),
         metric_name(metric),
     );
     pick.decide(winner, Branch::PowerOfTwo, reason);
