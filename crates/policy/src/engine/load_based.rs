@@ -22,6 +22,20 @@ pub(super) fn load_of(engine: &Engine, pick: &PickInProgress, position: usize, p
     }
 }
 
+/// A load for a reason sentence: whole as an integer (request counts, tokens), else to one decimal (an
+/// expected wait weighs decoding blocks at a fraction: 0.1 x 3 prints 0.3, not 0.30000000000000004).
+struct Shown(f64);
+
+impl std::fmt::Display for Shown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.fract() == 0.0 && self.0.abs() < 1e15 {
+            write!(f, "{}", self.0 as i64)
+        } else {
+            write!(f, "{:.1}", self.0)
+        }
+    }
+}
+
 fn metric_name(metric: LoadMetric) -> &'static str {
     match metric {
         LoadMetric::Requests => "outstanding requests",
@@ -111,7 +125,7 @@ pub(super) fn least_load(engine: &Engine, pick: &mut PickInProgress, params: &Lo
         "least load: {} has the fewest {} ({}) of {} healthy replicas",
         pick.replica(position),
         metric_name(metric),
-        load_of(engine, pick, position, params),
+        Shown(load_of(engine, pick, position, params)),
         pick.healthy.len()
     );
     pick.decide(position, Branch::LeastLoad, reason);
@@ -148,10 +162,10 @@ pub(super) fn power_of_two<R: RngCore + ?Sized>(
     let reason = format!(
         "power of two: drew {} ({} {}) and {} ({} {}); the less loaded wins",
         pick.replica(winner),
-        load_of(engine, pick, winner, params),
+        Shown(load_of(engine, pick, winner, params)),
         metric_name(metric),
         pick.replica(loser),
-        load_of(engine, pick, loser, params),
+        Shown(load_of(engine, pick, loser, params)),
         metric_name(metric),
     );
     pick.decide(winner, Branch::PowerOfTwo, reason);
