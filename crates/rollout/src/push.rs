@@ -71,7 +71,7 @@ mod tests {
     #[test]
     fn equivalent_specs_are_in_sync() {
         let intended = PolicySpec::named("least_load");
-        let active = PolicySpec::named("least_load").with("load_metric", "requests");
+        let active = PolicySpec::named("least_load").with("load_metric", "wait");
         assert_eq!(drift(&intended, Some((4, &active))), Drift::InSync { version: 4 });
     }
 
