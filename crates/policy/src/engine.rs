@@ -762,6 +762,21 @@ impl Engine {
     }
 }
 
+/// A candidate's expected wait in blocks of prefill ([`PickInProgress::wait_blocks`]).
+#[derive(Clone, Copy)]
+struct WaitBlocks {
+    /// For this engine's own requests there.
+    own: f64,
+    /// For other routers' requests, as the replica's fresh metrics report them.
+    foreign: f64,
+}
+
+impl WaitBlocks {
+    fn total(self) -> f64 {
+        self.own + self.foreign
+    }
+}
+
 /// The candidates of one pick, filled in by the policy, then turned into a [`Decision`].
 struct PickInProgress {
     /// Slot of each candidate (parallel to `candidates`).
@@ -850,6 +865,20 @@ impl PickInProgress {
 
     fn replica(&self, position: usize) -> ReplicaId {
         self.candidates[position].replica
+    }
+
+    /// The expected wait at a candidate, in blocks of prefill (the load guard's module docs): this engine's
+    /// queued prefill there plus `decode_wait_weight` per block its decoding requests hold, and the same of
+    /// other routers' requests (zero unless the policy weighs them and the replica's metrics are fresh).
+    fn wait_blocks(&self, engine: &Engine, position: usize, decode_wait_weight: f64) -> WaitBlocks {
+        let (prefill, decode) = engine.slots[self.slots[position] as usize]
+            .as_ref()
+            .map_or((0.0, 0.0), |s| (s.active_prefill_blocks as f64, s.active_decode_blocks as f64));
+        let foreign = self.foreign.get(position).copied().unwrap_or_default();
+        WaitBlocks {
+            own: prefill + decode_wait_weight * decode,
+            foreign: foreign.prefill + decode_wait_weight * foreign.decode,
+        }
     }
 
     fn finish(mut self, policy: &str, view: &RequestView) -> Decision {

@@ -12,13 +12,7 @@ pub(super) fn load_of(engine: &Engine, pick: &PickInProgress, position: usize, p
         // Fresh reported metrics count the requests other routers sent too.
         LoadMetric::Requests => candidate.seen_load.unwrap_or(candidate.outstanding as f64),
         LoadMetric::PrefillTokens => candidate.prefill_tokens as f64,
-        LoadMetric::Wait => {
-            let (prefill, decode) = engine.slots[pick.slots[position] as usize]
-                .as_ref()
-                .map_or((0.0, 0.0), |s| (s.active_prefill_blocks as f64, s.active_decode_blocks as f64));
-            let foreign = pick.foreign.get(position).copied().unwrap_or_default();
-            prefill + foreign.prefill + params.decode_wait_weight * (decode + foreign.decode)
-        }
+        LoadMetric::Wait => pick.wait_blocks(engine, position, params.decode_wait_weight).total(),
     }
 }
 

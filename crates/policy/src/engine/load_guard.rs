@@ -59,17 +59,9 @@ fn start_of(
     position: usize,
     prompt_blocks: u64,
 ) -> Start {
-    let (own_prefill, own_decode) = engine.slots[pick.slots[position] as usize]
-        .as_ref()
-        .map_or((0.0, 0.0), |s| (s.active_prefill_blocks as f64, s.active_decode_blocks as f64));
-    let foreign = pick.foreign[position];
-    let foreign_wait = foreign.prefill + guard.decode_wait_weight * foreign.decode;
+    let wait = pick.wait_blocks(engine, position, guard.decode_wait_weight);
     let matched = u64::from(pick.candidates[position].matched_blocks.unwrap_or(0));
-    Start {
-        wait: own_prefill + guard.decode_wait_weight * own_decode + foreign_wait,
-        uncached: prompt_blocks.saturating_sub(matched),
-        foreign: foreign_wait,
-    }
+    Start { wait: wait.total(), uncached: prompt_blocks.saturating_sub(matched), foreign: wait.foreign }
 }
 
 /// `spread_wait_tokens` in blocks of this request's size: the prompt's tokens over its blocks, or the
