@@ -66,7 +66,7 @@ pub(super) struct Fixed(pub(super) f64, pub(super) usize);
 
 /// The value as an integer when `{}` would print it as one (whole, in i64 range, and not -0, which
 /// prints with its sign).
-fn whole(value: f64) -> Option<i64> {
+pub(super) fn whole(value: f64) -> Option<i64> {
     let exact = value.fract() == 0.0 && value.abs() < 1e15 && !(value == 0.0 && value.is_sign_negative());
     exact.then_some(value as i64)
 }

@@ -2,6 +2,7 @@
 
 use rand::{Rng, RngCore};
 
+use super::cache_aware::whole;
 use super::{Engine, PickInProgress, argmin_by};
 use crate::decision::Branch;
 use crate::spec::{LoadMetric, LoadParams};
@@ -22,10 +23,9 @@ struct Shown(f64);
 
 impl std::fmt::Display for Shown {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.0.fract() == 0.0 && self.0.abs() < 1e15 {
-            write!(f, "{}", self.0 as i64)
-        } else {
-            write!(f, "{:.1}", self.0)
+        match whole(self.0) {
+            Some(integer) => write!(f, "{integer}"),
+            None => write!(f, "{:.1}", self.0),
         }
     }
 }
