@@ -364,8 +364,12 @@ async fn the_pd_view_counts_decisions_by_reason_and_splits_ttft_into_its_legs() 
         async move {
             assert_eq!(complete(prompt).await?.as_deref(), Some("split"));
             let view = control.disagg().view(PdViewArgs { window_s: 120, bucket_s: 10 }).await?;
+            // The router counts a split when it decides it and times the prefill leg when the leg ends: a
+            // scrape between the two sees one split more than legs. Wait for a scrape that saw both.
+            let splits_decided = view.reasons.iter().find(|r| r.reason == "split").map_or(0, |r| r.count);
             let ready = view.ttft.transfer_mean_ms.is_some()
-                && view.reasons.iter().any(|r| r.reason == "short_prompt" && r.count == 2);
+                && view.reasons.iter().any(|r| r.reason == "short_prompt" && r.count == 2)
+                && view.ttft.splits == splits_decided;
             Ok(ready.then_some(view))
         }
     })
