@@ -6,6 +6,11 @@
 //! - [`EtcdClient`]: range, compare-and-swap txn, put and watch over reqwest, each unary call bounded in
 //!   time and size, a watch frame bounded in size; user/password auth (token renewed when etcd expires it);
 //!   https with a private CA and client certificates (feature `tls`).
+//! - Leases and prefixes, for a value that must vanish with the process that wrote it (each router's
+//!   load under `/fleetdeck/FLEET/load/ROUTER`): [`EtcdClient::grant_lease`] (etcd may grant a longer TTL
+//!   than asked: its minimum), [`EtcdClient::keep_alive`], [`EtcdClient::revoke_lease`],
+//!   [`EtcdClient::put_with_lease`]; [`EtcdClient::get_prefix`] (at most [`MAX_PREFIX_KEYS`] keys) and
+//!   [`EtcdClient::watch_prefix`], where an expired lease's keys arrive as deletions.
 //!
 //! Secrets (the password, the auth token) never reach a log line or a `Debug` output.
 
@@ -24,10 +29,14 @@ use fleet_base::http::{BodyError, read_limited};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-pub use wire::{KeyValue, Range, TxnOutcome, WatchEvent, WatchFrame, WireError};
+pub use wire::{KeyValue, Lease, PrefixRange, Range, TxnOutcome, WatchEvent, WatchFrame, WireError};
 
 /// Largest answer to a unary call accepted: a policy is a few hundred bytes, etcd's own value limit is 1.5 MiB.
 pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+/// Most keys one [`EtcdClient::get_prefix`] reads: a prefix holds one key per router, and a prefix that
+/// grew past this (a stray writer) must not grow the answer with it; [`PrefixRange::more`] says so.
+pub const MAX_PREFIX_KEYS: i64 = 1024;
 
 /// A user and password for etcd's auth, read from a file holding `USER:PASSWORD` (what `etcdctl --user`
 /// takes). The password never appears in `Debug`.
@@ -174,7 +183,7 @@ pub enum EtcdError {
     Server {
         /// The endpoint.
         endpoint: String,
-        /// HTTP status of the gateway's answer (0 inside a watch stream).
+        /// HTTP status of the gateway's answer (0 inside a stream: a watch's or a keepalive's).
         status: u16,
         /// gRPC status code.
         code: i64,
@@ -354,6 +363,16 @@ impl EtcdClient {
         parsed.map_err(|source| EtcdError::Wire { endpoint: self.endpoint().to_owned(), source })
     }
 
+    /// The error etcd ended a stream (a watch, a keepalive) with. The HTTP answer was already 200, past
+    /// the retry of a refused token, so an expired token is only dropped: the next call asks for a new one.
+    fn stream_error(&self, endpoint: String, error: wire::ServerError) -> EtcdError {
+        let error = EtcdError::Server { endpoint, status: 0, code: error.code, message: error.message };
+        if error.is_auth() {
+            self.set_token(None);
+        }
+        error
+    }
+
     /// Reads `key` as it stands now.
     pub async fn get(&self, key: &str) -> Result<Range, EtcdError> {
         self.get_at(key, 0).await
@@ -380,18 +399,72 @@ impl EtcdClient {
 
     /// Writes `value` to `key` whatever it holds; returns the new revision.
     pub async fn put(&self, key: &str, value: &[u8]) -> Result<i64, EtcdError> {
-        let answer = self.call("/v3/kv/put", &wire::put_request(key.as_bytes(), value)).await?;
+        self.put_with_lease(key, value, 0).await
+    }
+
+    /// Writes `value` to `key` whatever it holds, attached to the lease `lease_id` (0: none), so that
+    /// etcd deletes the key when the lease expires or is revoked; returns the new revision. A lease etcd
+    /// no longer holds is a `Server` error (code 5, "requested lease not found"): grant a new one.
+    pub async fn put_with_lease(&self, key: &str, value: &[u8], lease_id: i64) -> Result<i64, EtcdError> {
+        let answer = self.call("/v3/kv/put", &wire::put_request(key.as_bytes(), value, lease_id)).await?;
         self.wire(wire::parse_put(&answer))
+    }
+
+    /// Reads every key starting with `prefix` as they stand now, in key order, at most
+    /// [`MAX_PREFIX_KEYS`] of them (`more` says some were left out). Watching the prefix from
+    /// `revision + 1` then misses no change.
+    pub async fn get_prefix(&self, prefix: &str) -> Result<PrefixRange, EtcdError> {
+        let body = wire::prefix_range_request(prefix.as_bytes(), MAX_PREFIX_KEYS);
+        let answer = self.call("/v3/kv/range", &body).await?;
+        self.wire(wire::parse_prefix_range(&answer))
+    }
+
+    /// Asks etcd for a lease of `ttl_seconds`. etcd raises a TTL below its minimum (2 s with its default
+    /// election timeout; 0 and negative too): [`Lease::ttl_seconds`] is what it granted, and keepalives
+    /// must come well within it.
+    pub async fn grant_lease(&self, ttl_seconds: i64) -> Result<Lease, EtcdError> {
+        let answer = self.call("/v3/lease/grant", &wire::lease_grant_request(ttl_seconds)).await?;
+        self.wire(wire::parse_lease_grant(&answer))
+    }
+
+    /// Renews the lease `id` once: its time to live from now, in seconds, or `None` when etcd no longer
+    /// holds it (expired or revoked; its keys are gone, so grant a new lease and put them again).
+    ///
+    /// Keepalive is a gRPC stream; one request over the gateway is one frame and the end of the stream, so
+    /// it is a unary call here, bounded in time and size like the others, with no stream left open.
+    pub async fn keep_alive(&self, id: i64) -> Result<Option<i64>, EtcdError> {
+        let answer = self.call("/v3/lease/keepalive", &wire::lease_request(id)).await?;
+        self.wire(wire::parse_keepalive(&answer))?
+            .map_err(|error| self.stream_error(self.endpoint().to_owned(), error))
+    }
+
+    /// Revokes the lease `id`: etcd deletes its keys now rather than when it would expire. A lease etcd no
+    /// longer holds is a `Server` error (HTTP 404, code 5), which a process shutting down may ignore.
+    pub async fn revoke_lease(&self, id: i64) -> Result<(), EtcdError> {
+        let answer = self.call("/v3/lease/revoke", &wire::lease_request(id)).await?;
+        self.wire(wire::parse_put(&answer)).map(drop)
     }
 
     /// Watches `key` from `start_revision` on. The stream has no deadline (a quiet key is normal); a
     /// watcher that must notice a silent partition reads the key now and then beside it.
     pub async fn watch(&self, key: &str, start_revision: i64) -> Result<Watch, EtcdError> {
-        let body = wire::watch_request(key.as_bytes(), start_revision);
+        self.open_watch(&wire::watch_request(key.as_bytes(), start_revision)).await
+    }
+
+    /// Watches every key starting with `prefix` from `start_revision` on, like [`Self::watch`]. The keys
+    /// of a lease that expired or was revoked arrive as [`WatchEvent::Delete`]s at one revision (one frame,
+    /// as etcd 3.4 sends them).
+    pub async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<Watch, EtcdError> {
+        self.open_watch(&wire::watch_prefix_request(prefix.as_bytes(), start_revision)).await
+    }
+
+    /// Opens the watch stream `body` asks for; a refused token is dropped and the watch opened once more
+    /// with a new one (as [`Self::call`] does, but the answer is a stream and has no deadline).
+    async fn open_watch(&self, body: &Value) -> Result<Watch, EtcdError> {
         let mut retried = false;
         loop {
             let token = self.token().await?;
-            let (endpoint, response) = match self.post("/v3/watch", &body, token.as_ref(), None).await {
+            let (endpoint, response) = match self.post("/v3/watch", body, token.as_ref(), None).await {
                 Ok(answer) => answer,
                 Err(error) if token.is_some() && error.is_auth() && !retried => {
                     retried = true;
@@ -484,23 +557,10 @@ impl Watch {
     pub async fn next(&mut self) -> Result<Option<WatchFrame>, EtcdError> {
         loop {
             if let Some(line) = self.ready.pop_front() {
-                let endpoint = || self.endpoint.clone();
                 return match wire::parse_watch_frame(&line) {
                     Ok(Ok(frame)) => Ok(Some(frame)),
-                    Ok(Err(error)) => {
-                        let error = EtcdError::Server {
-                            endpoint: endpoint(),
-                            status: 0,
-                            code: error.code,
-                            message: error.message,
-                        };
-                        if error.is_auth() {
-                            // The token expired: the next watch asks for a new one.
-                            self.client.set_token(None);
-                        }
-                        Err(error)
-                    }
-                    Err(source) => Err(EtcdError::Wire { endpoint: endpoint(), source }),
+                    Ok(Err(error)) => Err(self.client.stream_error(self.endpoint.clone(), error)),
+                    Err(source) => Err(EtcdError::Wire { endpoint: self.endpoint.clone(), source }),
                 };
             }
             match self.body.next().await {

@@ -1,6 +1,7 @@
-//! etcd v3's JSON gateway, pure: the request bodies of `/v3/kv/range`, `/v3/kv/txn`, `/v3/kv/put`,
-//! `/v3/watch` and `/v3/auth/authenticate`, and the parsing of their answers and of the watch stream's
-//! newline-delimited frames.
+//! etcd v3's JSON gateway, pure: the request bodies of `/v3/kv/range` (one key or a prefix), `/v3/kv/txn`,
+//! `/v3/kv/put`, `/v3/watch` (one key or a prefix), `/v3/lease/grant`, `/v3/lease/keepalive`,
+//! `/v3/lease/revoke` and `/v3/auth/authenticate`, and the parsing of their answers and of the watch
+//! stream's newline-delimited frames.
 //!
 //! The gateway speaks protobuf's JSON mapping: keys and values are base64, 64-bit integers are strings
 //! (`"revision": "42"`), and fields at their zero value are left out (a failed txn has no `succeeded`, a
@@ -103,6 +104,27 @@ pub struct Range {
     pub kv: Option<KeyValue>,
 }
 
+/// The answer to a prefix range: the store's revision and the keys under the prefix, in key order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefixRange {
+    /// The store's revision when it answered: a watch of the prefix from `revision + 1` misses nothing.
+    pub revision: i64,
+    /// The keys, at most the request's limit.
+    pub kvs: Vec<KeyValue>,
+    /// Whether etcd holds more keys under the prefix than the limit let through.
+    pub more: bool,
+}
+
+/// A lease etcd granted: keys put with it vanish when it expires or is revoked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// etcd's id for it.
+    pub id: i64,
+    /// The time to live etcd granted, in seconds: etcd raises a TTL below its minimum (2 s with its default
+    /// election timeout; 0 and negative TTLs too), so this may be more than was asked.
+    pub ttl_seconds: i64,
+}
+
 /// The answer to a compare-and-swap put.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TxnOutcome {
@@ -186,6 +208,11 @@ pub fn parse_error(body: &[u8]) -> Option<ServerError> {
     Some(ServerError { code: value.get("code").and_then(Value::as_i64).unwrap_or(2), message })
 }
 
+/// The error a stream's frame `line` (which has an `error` field) carries; 2 (unknown) if it says nothing.
+fn stream_error(line: &[u8]) -> ServerError {
+    parse_error(line).unwrap_or(ServerError { code: 2, message: String::new() })
+}
+
 fn document(body: &[u8]) -> Result<Value, WireError> {
     serde_json::from_slice(body).map_err(|e| WireError::Shape(e.to_string()))
 }
@@ -205,12 +232,52 @@ pub fn range_request(key: &[u8], revision: i64) -> Value {
 
 /// Reads the answer to [`range_request`].
 pub fn parse_range(body: &[u8]) -> Result<Range, WireError> {
+    // A one-key range is a range of at most one key.
+    let PrefixRange { revision, kvs, .. } = parse_prefix_range(body)?;
+    Ok(Range { revision, kv: kvs.into_iter().next() })
+}
+
+/// The `range_end` that, beside `key = prefix`, selects every key starting with `prefix` (etcd's own
+/// prefix rule, clientv3's `GetPrefixRangeEnd`): the prefix with its last byte below 0xff incremented and
+/// what follows that byte dropped. A prefix of only 0xff bytes, or the empty one, has no such end: it is
+/// "\0", which etcd reads as "every key from `key` on".
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|b| *b < 0xff) {
+        Some(last) => {
+            let mut end = prefix[..=last].to_vec();
+            end[last] += 1;
+            end
+        }
+        None => vec![0],
+    }
+}
+
+/// The `key` and `range_end` of every key starting with `prefix`. etcd refuses an empty `key` ("key is
+/// not provided"), so the empty prefix starts at "\0", the smallest key, as clientv3 does.
+fn prefix_bounds(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let key = if prefix.is_empty() { vec![0] } else { prefix.to_vec() };
+    (key, prefix_end(prefix))
+}
+
+/// The body of a range over every key starting with `prefix`, now, at most `limit` keys (0: no limit).
+pub fn prefix_range_request(prefix: &[u8], limit: i64) -> Value {
+    let (key, end) = prefix_bounds(prefix);
+    let mut body = json!({"key": b64(&key), "range_end": b64(&end)});
+    if limit > 0 {
+        body["limit"] = json!(limit.to_string());
+    }
+    body
+}
+
+/// Reads the answer to [`prefix_range_request`] (and to [`range_request`]).
+pub fn parse_prefix_range(body: &[u8]) -> Result<PrefixRange, WireError> {
     let answer = document(body)?;
-    let kv = match answer.get("kvs").and_then(Value::as_array).and_then(|kvs| kvs.first()) {
-        Some(kv) => Some(KeyValue::parse(kv)?),
-        None => None,
+    let kvs = match answer.get("kvs").and_then(Value::as_array) {
+        Some(kvs) => kvs.iter().map(KeyValue::parse).collect::<Result<_, _>>()?,
+        None => Vec::new(),
     };
-    Ok(Range { revision: header_revision(&answer)?, kv })
+    let more = answer.get("more").and_then(Value::as_bool).unwrap_or(false);
+    Ok(PrefixRange { revision: header_revision(&answer)?, kvs, more })
 }
 
 /// The body of a txn that writes `value` to `key` only if the key's `mod_revision` is `expected`
@@ -239,12 +306,17 @@ pub fn parse_put_if(body: &[u8]) -> Result<TxnOutcome, WireError> {
     Ok(TxnOutcome { succeeded, revision, current })
 }
 
-/// The body of an unconditional put.
-pub fn put_request(key: &[u8], value: &[u8]) -> Value {
-    json!({"key": b64(key), "value": b64(value)})
+/// The body of an unconditional put, attached to the lease `lease_id` (0: none, etcd's own "no lease").
+pub fn put_request(key: &[u8], value: &[u8], lease_id: i64) -> Value {
+    let mut body = json!({"key": b64(key), "value": b64(value)});
+    if lease_id != 0 {
+        body["lease"] = json!(lease_id.to_string());
+    }
+    body
 }
 
-/// Reads the answer to [`put_request`]: the store's revision after the write.
+/// Reads the answer to [`put_request`]: the store's revision after the write. A revoke (see
+/// [`lease_request`]) answers the same `{"header"}`.
 pub fn parse_put(body: &[u8]) -> Result<i64, WireError> {
     header_revision(&document(body)?)
 }
@@ -252,6 +324,57 @@ pub fn parse_put(body: &[u8]) -> Result<i64, WireError> {
 /// The body of `/v3/watch` for one key from `start_revision` on.
 pub fn watch_request(key: &[u8], start_revision: i64) -> Value {
     json!({"create_request": {"key": b64(key), "start_revision": start_revision.to_string()}})
+}
+
+/// The body of `/v3/watch` for every key starting with `prefix`, from `start_revision` on.
+pub fn watch_prefix_request(prefix: &[u8], start_revision: i64) -> Value {
+    let (key, end) = prefix_bounds(prefix);
+    let mut body = watch_request(&key, start_revision);
+    body["create_request"]["range_end"] = json!(b64(&end));
+    body
+}
+
+/// The body of `/v3/lease/grant` for a lease of `ttl_seconds`; ID 0 lets etcd choose the id.
+pub fn lease_grant_request(ttl_seconds: i64) -> Value {
+    json!({"TTL": ttl_seconds.to_string(), "ID": "0"})
+}
+
+/// Reads the answer to [`lease_grant_request`].
+pub fn parse_lease_grant(body: &[u8]) -> Result<Lease, WireError> {
+    let answer = document(body)?;
+    let id = int("ID", &answer["ID"])?;
+    // Zero is no lease at all: a put with it would be a plain put that never vanishes.
+    if id == 0 {
+        return Err(WireError::Shape("a lease grant without a lease ID".into()));
+    }
+    Ok(Lease { id, ttl_seconds: int("TTL", &answer["TTL"])? })
+}
+
+/// The body of `/v3/lease/keepalive` and `/v3/lease/revoke`: the lease's id.
+pub fn lease_request(id: i64) -> Value {
+    json!({"ID": id.to_string()})
+}
+
+/// Reads the answer to a one-shot keepalive: the lease's time to live from now, in seconds, or `None`
+/// when etcd no longer holds the lease (it expired or was revoked: etcd leaves `TTL` out, which is 0), or
+/// the error etcd ended the stream with.
+///
+/// Keepalive is a stream in gRPC; etcd 3.4's gateway answers one request with one frame
+/// `{"result": {"header", "ID", "TTL"}}` and a newline, and closes the stream. The bare answer
+/// `{"header", "ID", "TTL"}` (what a unary call looks like) is read too, should a gateway send that.
+pub fn parse_keepalive(body: &[u8]) -> Result<Result<Option<i64>, ServerError>, WireError> {
+    let line = body.split(|b| *b == b'\n').find(|line| line.iter().any(|b| !b.is_ascii_whitespace()));
+    let line = line.unwrap_or_default();
+    let frame = document(line)?;
+    if frame.get("error").is_some() {
+        return Ok(Err(stream_error(line)));
+    }
+    let answer = frame.get("result").unwrap_or(&frame);
+    if !answer.is_object() {
+        return Err(WireError::Shape("a keepalive answer that is not an object".into()));
+    }
+    let ttl = int("TTL", &answer["TTL"])?;
+    Ok(Ok((ttl > 0).then_some(ttl)))
 }
 
 /// The body of `/v3/auth/authenticate`.
@@ -272,7 +395,7 @@ pub fn parse_token(body: &[u8]) -> Result<String, WireError> {
 pub fn parse_watch_frame(line: &[u8]) -> Result<Result<WatchFrame, ServerError>, WireError> {
     let frame = document(line)?;
     if frame.get("error").is_some() {
-        return Ok(Err(parse_error(line).unwrap_or(ServerError { code: 2, message: String::new() })));
+        return Ok(Err(stream_error(line)));
     }
     let result =
         frame.get("result").ok_or_else(|| WireError::Shape("a watch frame without `result`".into()))?;
@@ -361,6 +484,32 @@ mod tests {
         r#"{"result":{"header":{"raft_term":"2"},"canceled":true,"compact_revision":"3"}}"#;
     const FAILED: &str = r#"{"error":"etcdserver: mvcc: required revision has been compacted","message":"etcdserver: mvcc: required revision has been compacted","code":11}"#;
 
+    // Leases and prefixes, as etcd 3.4.23's gateway sent them (cluster and member ids shortened).
+    // Asked for a TTL of 1 second, etcd granted its minimum, 2.
+    const GRANT_TTL_1: &str = r#"{"header":{"cluster_id":"3249","member_id":"3319","revision":"1","raft_term":"2"},"ID":"4111120492007863301","TTL":"2"}"#;
+    // One-shot keepalive of a live lease: the stream's one frame, a newline, the end.
+    const KEEPALIVE_LIVE: &str = concat!(
+        r#"{"result":{"header":{"cluster_id":"3249","member_id":"3319","revision":"1","raft_term":"2"},"ID":"4111120492007863315","TTL":"30"}}"#,
+        "\n"
+    );
+    // Keepalive of a lease that expired (or was revoked, or never was): HTTP 200, no TTL.
+    const KEEPALIVE_EXPIRED: &str = concat!(
+        r#"{"result":{"header":{"cluster_id":"3249","member_id":"3319","revision":"3","raft_term":"2"},"ID":"4111120492007863318"}}"#,
+        "\n"
+    );
+    // Keepalive of lease 0: not even an ID.
+    const KEEPALIVE_ZERO: &str =
+        r#"{"result":{"header":{"cluster_id":"3249","member_id":"3319","revision":"1","raft_term":"2"}}}"#;
+    // Revoke of a live lease (HTTP 200); of an unknown or expired one, HTTP 404 with code 5.
+    const REVOKED: &str =
+        r#"{"header":{"cluster_id":"3249","member_id":"3319","revision":"3","raft_term":"2"}}"#;
+    const LEASE_NOT_FOUND: &str = r#"{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}"#;
+    // `/fleetdeck/f1/load/` with limit 1, two keys there (put with a lease: the kvs carry it).
+    const PREFIX_MORE: &str = r#"{"header":{"cluster_id":"3249","member_id":"3319","revision":"6","raft_term":"2"},"kvs":[{"key":"L2ZsZWV0ZGVjay9mMS9sb2FkL3Ix","create_revision":"4","mod_revision":"4","version":"1","value":"eyJyMSI6MX0=","lease":"4111120492007863327"}],"more":true,"count":"2"}"#;
+    const PREFIX_ALL: &str = r#"{"header":{"cluster_id":"3249","member_id":"3319","revision":"6","raft_term":"2"},"kvs":[{"key":"L2ZsZWV0ZGVjay9mMS9sb2FkL3Ix","create_revision":"4","mod_revision":"4","version":"1","value":"eyJyMSI6MX0=","lease":"4111120492007863327"},{"key":"L2ZsZWV0ZGVjay9mMS9sb2FkL3Iy","create_revision":"5","mod_revision":"5","version":"1","value":"eyJyMiI6MX0=","lease":"4111120492007863327"}],"count":"2"}"#;
+    // A prefix watch when the lease of both keys expired: both deletions in one frame, one revision.
+    const LEASE_EXPIRED_EVENTS: &str = r#"{"result":{"header":{"cluster_id":"3249","member_id":"3319","revision":"7","raft_term":"2"},"events":[{"type":"DELETE","kv":{"key":"L2ZsZWV0ZGVjay9mMS9sb2FkL3Ix","mod_revision":"7"}},{"type":"DELETE","kv":{"key":"L2ZsZWV0ZGVjay9mMS9sb2FkL3Iy","mod_revision":"7"}}]}}"#;
+
     #[test]
     fn ranges_read_the_key_or_its_absence() {
         let range = parse_range(RANGE.as_bytes()).unwrap();
@@ -437,5 +586,101 @@ mod tests {
         assert!(matches!(lines.push(&[b'x'; 17]), Err(WireError::FrameTooLarge { limit: 16 })));
         // After a refused frame the splitter starts clean.
         assert_eq!(lines.push(b"{}\n").unwrap(), vec![b"{}".to_vec()]);
+    }
+
+    #[test]
+    fn leases_are_granted_kept_alive_and_revoked() {
+        assert_eq!(lease_grant_request(1), json!({"TTL": "1", "ID": "0"}));
+        assert_eq!(
+            parse_lease_grant(GRANT_TTL_1.as_bytes()).unwrap(),
+            Lease { id: 4111120492007863301, ttl_seconds: 2 }
+        );
+        assert!(matches!(parse_lease_grant(REVOKED.as_bytes()), Err(WireError::Shape(_))));
+        assert_eq!(lease_request(4111120492007863315), json!({"ID": "4111120492007863315"}));
+        assert_eq!(parse_keepalive(KEEPALIVE_LIVE.as_bytes()).unwrap(), Ok(Some(30)));
+        assert_eq!(parse_keepalive(KEEPALIVE_EXPIRED.as_bytes()).unwrap(), Ok(None));
+        assert_eq!(parse_keepalive(KEEPALIVE_ZERO.as_bytes()).unwrap(), Ok(None));
+        // The unary shape, should a gateway answer without the stream's framing.
+        let bare = r#"{"header":{"revision":"1"},"ID":"7","TTL":"10"}"#;
+        assert_eq!(parse_keepalive(bare.as_bytes()).unwrap(), Ok(Some(10)));
+        // An error ending the stream, in the watch stream's shape.
+        let stream_error = r#"{"error":{"grpc_code":14,"http_code":503,"message":"etcdserver: no leader"}}"#;
+        let error = parse_keepalive(stream_error.as_bytes()).unwrap().unwrap_err();
+        assert_eq!((error.code, error.message.as_str()), (14, "etcdserver: no leader"));
+        assert!(matches!(parse_keepalive(b""), Err(WireError::Shape(_))));
+        assert!(matches!(parse_keepalive(b"[]"), Err(WireError::Shape(_))));
+        assert!(matches!(
+            parse_keepalive(br#"{"result":{"TTL":"soon"}}"#),
+            Err(WireError::Field { field: "TTL", .. })
+        ));
+        assert_eq!(parse_put(REVOKED.as_bytes()).unwrap(), 3);
+        let error = parse_error(LEASE_NOT_FOUND.as_bytes()).unwrap();
+        assert_eq!((error.code, error.message.as_str()), (5, "etcdserver: requested lease not found"));
+    }
+
+    #[test]
+    fn a_put_names_its_lease_only_when_it_has_one() {
+        assert_eq!(put_request(b"/a", b"v", 0), json!({"key": "L2E=", "value": "dg=="}));
+        assert_eq!(
+            put_request(b"/a", b"v", 4111120492007863318),
+            json!({"key": "L2E=", "value": "dg==", "lease": "4111120492007863318"})
+        );
+    }
+
+    #[test]
+    fn prefix_ends_follow_etcds_rule() {
+        assert_eq!(prefix_end(b"/fleetdeck/f1/load/"), b"/fleetdeck/f1/load0");
+        assert_eq!(prefix_end(b"a"), b"b");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"a\xfe\xff\xff"), b"a\xff");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+        assert_eq!(prefix_end(b""), b"\0");
+    }
+
+    #[test]
+    fn prefix_ranges_read_every_key_and_say_when_some_were_left_out() {
+        assert_eq!(
+            prefix_range_request(b"/fleetdeck/f1/load/", 1024),
+            json!({"key": b64(b"/fleetdeck/f1/load/"), "range_end": b64(b"/fleetdeck/f1/load0"), "limit": "1024"})
+        );
+        // The empty prefix is every key: etcd refuses an empty key, so it starts at "\0".
+        assert_eq!(prefix_range_request(b"", 0), json!({"key": "AA==", "range_end": "AA=="}));
+        let all = parse_prefix_range(PREFIX_ALL.as_bytes()).unwrap();
+        assert_eq!((all.revision, all.more), (6, false));
+        let keys: Vec<&[u8]> = all.kvs.iter().map(|kv| kv.key.as_slice()).collect();
+        assert_eq!(keys, [b"/fleetdeck/f1/load/r1".as_slice(), b"/fleetdeck/f1/load/r2"]);
+        assert_eq!(all.kvs[1].value, br#"{"r2":1}"#);
+        let cut = parse_prefix_range(PREFIX_MORE.as_bytes()).unwrap();
+        assert_eq!((cut.revision, cut.kvs.len(), cut.more), (6, 1, true));
+        assert_eq!(
+            parse_prefix_range(RANGE_EMPTY.as_bytes()).unwrap(),
+            PrefixRange { revision: 2, kvs: Vec::new(), more: false }
+        );
+    }
+
+    #[test]
+    fn a_prefix_watch_sees_a_leases_keys_vanish() {
+        let body = watch_prefix_request(b"/fleetdeck/f1/load/", 7);
+        assert_eq!(
+            body,
+            json!({"create_request": {
+                "key": b64(b"/fleetdeck/f1/load/"),
+                "range_end": b64(b"/fleetdeck/f1/load0"),
+                "start_revision": "7",
+            }})
+        );
+        assert_eq!(watch_prefix_request(b"", 1)["create_request"]["key"], "AA==");
+        let Ok(WatchFrame::Events { revision: 7, events }) =
+            parse_watch_frame(LEASE_EXPIRED_EVENTS.as_bytes()).unwrap()
+        else {
+            panic!("not events")
+        };
+        assert_eq!(
+            events,
+            [
+                WatchEvent::Delete { key: b"/fleetdeck/f1/load/r1".to_vec(), mod_revision: 7 },
+                WatchEvent::Delete { key: b"/fleetdeck/f1/load/r2".to_vec(), mod_revision: 7 },
+            ]
+        );
     }
 }
