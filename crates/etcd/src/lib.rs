@@ -215,6 +215,12 @@ impl EtcdError {
             || matches!(self, Self::Server { code: 16, .. })
             || matches!(self, Self::Server { message, .. } if message.contains("invalid auth token"))
     }
+
+    /// Whether etcd said a lease does not exist (it expired, was revoked, or never was): a put on it, a
+    /// revoke of it (gRPC NotFound, 404 on the gateway).
+    pub fn is_lease_gone(&self) -> bool {
+        matches!(self, Self::Server { code: 5, .. })
+    }
 }
 
 /// An etcd client. Cheap to clone (one connection pool).

@@ -44,6 +44,33 @@ pub struct ReplicaMetrics {
     pub kv_usage: f64,
 }
 
+/// What one router has in flight on one replica: what a router publishes of its own requests for the
+/// others over the same fleet (fleet-router through etcd), and what [`Engine::set_peer_load`] takes in.
+///
+/// Engines report how many requests they hold, not how large they are; a router knows the size only of
+/// its own. Without these summaries an engine weighs each request another router sent as its own average
+/// (see [`Engine::foreign_weights`]), which on traffic whose prompts range over two orders of magnitude
+/// (Mooncake's) misjudges where the long prefills queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerLoad {
+    /// Requests routed to the replica and not completed.
+    pub requests: u64,
+    /// Blocks those requests still have to prefill there (not cached when routed).
+    pub prefill_blocks: u64,
+    /// Blocks held by those of them past their prefill.
+    pub decode_blocks: u64,
+}
+
+impl PeerLoad {
+    fn plus(self, other: Self) -> Self {
+        Self {
+            requests: self.requests + other.requests,
+            prefill_blocks: self.prefill_blocks + other.prefill_blocks,
+            decode_blocks: self.decode_blocks + other.decode_blocks,
+        }
+    }
+}
+
 /// A snapshot of one replica's state, for display.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaStatus {
@@ -65,6 +92,10 @@ pub struct ReplicaStatus {
     /// [`Engine::set_metrics_max_age`]), combined with this engine's own requests (see [`Engine::seen_metrics`]);
     /// `None` when there are no fresh metrics and the policies fall back to `outstanding`.
     pub seen: Option<ReplicaMetrics>,
+    /// What the other routers published of their requests there, summed over those whose summaries are
+    /// fresh at the status's `now_ms` (see [`Engine::set_peer_load`]); `None` when none is.
+    #[serde(default)]
+    pub peer_load: Option<PeerLoad>,
     /// KV events received from it.
     pub kv_events: u64,
     /// Blocks the routed (approximate) index attributes to it.
@@ -151,6 +182,19 @@ pub struct Engine {
     /// guard and kv_precise's cost give a request another router sent, which only the replica's reported
     /// counts show (`Engine::foreign_weights`).
     routed_size: Option<RoutedSize>,
+    /// The other routers' published load, by router name (see [`Engine::set_peer_load`]).
+    peers: BTreeMap<String, PeerSummary>,
+    /// Peer summaries older than this are ignored (`None`: they never age out).
+    peer_load_max_age_ms: Option<u64>,
+}
+
+/// One other router's latest published load (see [`Engine::set_peer_load`]).
+#[derive(Clone, Debug)]
+struct PeerSummary {
+    /// When it arrived, on this engine's clock (never the publisher's: routers' clocks differ).
+    at_ms: u64,
+    /// Its load on each replica, by slot (slots of replicas it did not name hold zero).
+    by_slot: Vec<PeerLoad>,
 }
 
 /// Moving means of routed requests' sizes, in blocks (see `Engine::routed_size`).
@@ -216,6 +260,8 @@ impl Engine {
             ring: Vec::new(),
             metrics_max_age_ms: None,
             routed_size: None,
+            peers: BTreeMap::new(),
+            peer_load_max_age_ms: None,
         };
         engine.apply_capacities();
         for replica in replicas {
@@ -358,20 +404,109 @@ impl Engine {
         ForeignWeights { queued: ForeignBlocks { prefill: size.prefill_blocks, decode: 0.0 }, running }
     }
 
-    /// The blocks of the requests other routers sent to a replica, by the load it is `seen` with (none
-    /// without fresh metrics), each request weighing `weights`.
+    /// The blocks of the requests other routers sent to a replica: what they published of them (`peer`,
+    /// see [`Engine::set_peer_load`]), plus, for the requests its fresh metrics (the load it is `seen`
+    /// with) show beyond those, `weights` each. Routers that publish are weighed by their own figures; only
+    /// the rest (routers that do not publish, or requests sent since their last summary) by the average.
     fn foreign_blocks(
         state: &ReplicaState,
         seen: Option<ReplicaMetrics>,
         weights: ForeignWeights,
+        peer: Option<PeerLoad>,
     ) -> ForeignBlocks {
-        seen.map_or(ForeignBlocks::default(), |seen| {
+        let peer = peer.unwrap_or_default();
+        let published = peer.requests as f64;
+        let unpublished = seen.map_or(ForeignBlocks::default(), |seen| {
             let (queued, running) = Self::foreign_requests(state, seen);
-            ForeignBlocks {
-                prefill: queued * weights.queued.prefill + running * weights.running.prefill,
-                decode: queued * weights.queued.decode + running * weights.running.decode,
+            let reported = queued + running;
+            if reported <= published {
+                return ForeignBlocks::default();
             }
-        })
+            // The requests beyond the published ones, in the reported queue:running proportion.
+            let share = (reported - published) / reported;
+            ForeignBlocks {
+                prefill: share * (queued * weights.queued.prefill + running * weights.running.prefill),
+                decode: share * (queued * weights.queued.decode + running * weights.running.decode),
+            }
+        });
+        ForeignBlocks {
+            prefill: peer.prefill_blocks as f64 + unpublished.prefill,
+            decode: peer.decode_blocks as f64 + unpublished.decode,
+        }
+    }
+
+    /// Records what router `peer` published of its own requests (`loads`, by replica; replicas this
+    /// engine does not know are skipped), received at `now_ms`. It replaces that router's previous
+    /// summary. Until it ages out (see [`Engine::set_peer_load_max_age`]), the load guard, kv_precise's
+    /// cost and the wait metric weigh that router's requests by these figures instead of the average size
+    /// of this engine's own. Returns how many replicas it named that this engine knows.
+    pub fn set_peer_load(&mut self, peer: &str, loads: &[(ReplicaId, PeerLoad)], now_ms: u64) -> usize {
+        let mut by_slot = vec![PeerLoad::default(); self.slots.len()];
+        let mut known = 0;
+        for (replica, load) in loads {
+            if let Some(&slot) = self.slot_of.get(replica) {
+                by_slot[slot as usize] = by_slot[slot as usize].plus(*load);
+                known += 1;
+            }
+        }
+        self.peers.insert(peer.to_owned(), PeerSummary { at_ms: now_ms, by_slot });
+        known
+    }
+
+    /// Forgets router `peer`'s summary (it stopped, or its key was deleted); returns whether there was one.
+    pub fn remove_peer(&mut self, peer: &str) -> bool {
+        self.peers.remove(peer).is_some()
+    }
+
+    /// Sets how long a peer's summary counts (as [`Engine::set_metrics_max_age`] does for metrics): a
+    /// router that stopped publishing is no longer counted by its last figures. `None` (the default) keeps
+    /// a summary until the next one or [`Engine::remove_peer`].
+    pub fn set_peer_load_max_age(&mut self, max_age_ms: Option<u64>) {
+        self.peer_load_max_age_ms = max_age_ms;
+    }
+
+    /// The routers whose summaries this engine holds, with their age at `now_ms` and whether it counts.
+    pub fn peers(&self, now_ms: u64) -> Vec<(String, u64, bool)> {
+        self.peers
+            .iter()
+            .map(|(name, summary)| {
+                let age = now_ms.saturating_sub(summary.at_ms);
+                (name.clone(), age, self.peer_fresh(summary, now_ms))
+            })
+            .collect()
+    }
+
+    fn peer_fresh(&self, summary: &PeerSummary, now_ms: u64) -> bool {
+        self.peer_load_max_age_ms.is_none_or(|max_age| now_ms.saturating_sub(summary.at_ms) <= max_age)
+    }
+
+    /// The fresh peers' load on the replica in `slot`, summed; `None` when no fresh peer has a summary.
+    fn peer_load_at(&self, slot: u32, now_ms: u64) -> Option<PeerLoad> {
+        let mut sum: Option<PeerLoad> = None;
+        for summary in self.peers.values() {
+            if self.peer_fresh(summary, now_ms) {
+                let load = summary.by_slot.get(slot as usize).copied().unwrap_or_default();
+                sum = Some(sum.unwrap_or_default().plus(load));
+            }
+        }
+        sum
+    }
+
+    /// This engine's own requests on each replica, as it would publish them for other routers (see
+    /// [`Engine::set_peer_load`]), in engine order.
+    pub fn own_load(&self) -> Vec<(ReplicaId, PeerLoad)> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|state| {
+                let load = PeerLoad {
+                    requests: state.outstanding,
+                    prefill_blocks: state.active_prefill_blocks,
+                    decode_blocks: state.active_decode_blocks,
+                };
+                (state.id, load)
+            })
+            .collect()
     }
 
     /// The load guard's expected wait on `replica` at `now_ms`, in blocks of prefill, for a prompt of
@@ -388,7 +523,8 @@ impl Engine {
         let state = self.slots.get(slot as usize)?.as_ref()?;
         let own = self.slots.iter().flatten().fold(OwnTotals::default(), |totals, s| totals.plus(s));
         let weights = self.foreign_weights(prompt_blocks, own);
-        let foreign = Self::foreign_blocks(state, self.seen_of(state, now_ms), weights);
+        let peer = self.peer_load_at(slot, now_ms);
+        let foreign = Self::foreign_blocks(state, self.seen_of(state, now_ms), weights, peer);
         Some(
             state.active_prefill_blocks as f64
                 + foreign.prefill
@@ -423,6 +559,7 @@ impl Engine {
             active_decode_blocks: state.active_decode_blocks,
             metrics: state.metrics,
             seen: self.seen_of(state, now_ms),
+            peer_load: self.peer_load_at(slot, now_ms),
             kv_events: state.kv_events,
             routed_index_blocks: self.routed_index.blocks_at(slot),
             kv_blocks: std::array::from_fn(|medium| self.kv_indexes[medium].blocks_at(slot)),
@@ -484,6 +621,12 @@ impl Engine {
         }
         self.pending_index.clear_location(slot);
         self.pending_counts.retain(|(pending_slot, _), _| *pending_slot != slot);
+        // A replica added later may reuse the slot: the peers' figures for this one must not pass to it.
+        for summary in self.peers.values_mut() {
+            if let Some(load) = summary.by_slot.get_mut(slot as usize) {
+                *load = PeerLoad::default();
+            }
+        }
         // `last_routed_slot` may still name the freed slot: round robin simply continues after it.
         self.rebuild_ring();
         true
@@ -767,7 +910,7 @@ impl Engine {
 struct WaitBlocks {
     /// For this engine's own requests there.
     own: f64,
-    /// For other routers' requests, as the replica's fresh metrics report them.
+    /// For other routers' requests, as they published them and the replica's fresh metrics report them.
     foreign: f64,
 }
 
@@ -783,7 +926,7 @@ struct PickInProgress {
     slots: Vec<u32>,
     candidates: Vec<CandidateExplanation>,
     /// Blocks of other routers' requests at each candidate (parallel to `candidates`; zero without fresh
-    /// metrics; empty for the policies that do not weigh them).
+    /// metrics or peer summaries; empty for the policies that do not weigh them).
     foreign: Vec<ForeignBlocks>,
     /// Positions (into `candidates`) of healthy candidates, in order.
     healthy: Vec<usize>,
@@ -840,9 +983,9 @@ impl PickInProgress {
             .iter()
             .zip(&seen_loads)
             .map(|(&slot, &seen)| {
-                engine.slots[slot as usize]
-                    .as_ref()
-                    .map_or(ForeignBlocks::default(), |state| Engine::foreign_blocks(state, seen, weights))
+                engine.slots[slot as usize].as_ref().map_or(ForeignBlocks::default(), |state| {
+                    Engine::foreign_blocks(state, seen, weights, engine.peer_load_at(slot, now_ms))
+                })
             })
             .collect();
         Ok(Self {
@@ -869,7 +1012,8 @@ impl PickInProgress {
 
     /// The expected wait at a candidate, in blocks of prefill (the load guard's module docs): this engine's
     /// queued prefill there plus `decode_wait_weight` per block its decoding requests hold, and the same of
-    /// other routers' requests (zero unless the policy weighs them and the replica's metrics are fresh).
+    /// other routers' requests (zero unless the policy weighs them and the replica's metrics or the other
+    /// routers' summaries are fresh).
     fn wait_blocks(&self, engine: &Engine, position: usize, decode_wait_weight: f64) -> WaitBlocks {
         let (prefill, decode) = engine.slots[self.slots[position] as usize]
             .as_ref()
@@ -993,6 +1137,68 @@ mod tests {
         engine.set_metrics(ReplicaId(1), ReplicaMetrics::default(), 1_200).expect("known");
         let kept = engine.pick(&view, 1_250, &mut rng).expect("pick");
         assert_eq!(kept.replica, ReplicaId(0), "{}", kept.reason);
+    }
+
+    #[test]
+    fn other_routers_summaries_weigh_their_requests_in_place_of_the_average() {
+        let mut engine = Engine::new(PolicySpec::named("kv_precise"), &ids(2)).expect("valid");
+        engine.set_metrics_max_age(Some(1_000));
+        engine.set_peer_load_max_age(Some(500));
+        // This engine's own traffic is small: one 4-block request in prefill on replica 1.
+        let small = RequestView { block_hashes: vec![1, 2, 3, 4], prompt_tokens: 64, session_key: None };
+        engine.on_routed(0, ReplicaId(1), &small, 0).expect("routed");
+        // Replica 0 reports two requests waiting, both another router's: each weighs what this engine
+        // routes on average (4 blocks to prefill) without a summary...
+        let two_waiting = ReplicaMetrics { queue_depth: 2, running: 0, kv_usage: 0.1 };
+        engine.set_metrics(ReplicaId(0), two_waiting, 10).expect("known");
+        assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 20, 4, 0.1), Some(8.0));
+        // ...and what that router published of them (two long prompts, 3,000 blocks to prefill) with one.
+        let long = PeerLoad { requests: 2, prefill_blocks: 3_000, decode_blocks: 0 };
+        assert_eq!(engine.set_peer_load("router-b", &[(ReplicaId(0), long), (ReplicaId(9), long)], 20), 1);
+        assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 30, 4, 0.1), Some(3_000.0));
+        let status = engine.replica_status_at(ReplicaId(0), 30).expect("known");
+        assert_eq!(status.peer_load, Some(long));
+        // A request the metrics show beyond the summaries (a router that does not publish) still weighs
+        // the average; a summary of more than the metrics show adds nothing from them.
+        let three_waiting = ReplicaMetrics { queue_depth: 3, ..two_waiting };
+        engine.set_metrics(ReplicaId(0), three_waiting, 40).expect("known");
+        assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 50, 4, 0.1), Some(3_004.0));
+        // Decode blocks weigh decode_wait_weight, as this engine's own.
+        let decoding = PeerLoad { requests: 3, prefill_blocks: 0, decode_blocks: 200 };
+        engine.set_peer_load("router-b", &[(ReplicaId(0), decoding)], 60);
+        assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 70, 4, 0.1), Some(20.0));
+        // kv_precise's cost counts it too: a prefix owner buried under another router's long prefills loses
+        // the prompt.
+        engine.set_peer_load("router-b", &[(ReplicaId(0), long)], 80);
+        let mut rng = StdRng::seed_from_u64(1);
+        engine
+            .on_kv_event(
+                ReplicaId(0),
+                &KvEvent::Stored { medium: Medium::Gpu, block_hashes: vec![11, 12, 13] },
+                80,
+            )
+            .expect("known");
+        let view = RequestView { block_hashes: vec![11, 12, 13, 14], prompt_tokens: 64, session_key: None };
+        let decision = engine.pick(&view, 90, &mut rng).expect("pick");
+        assert_eq!(decision.replica, ReplicaId(1), "{}", decision.reason);
+        let owner_cost = decision.candidates[0].cost.expect("kv_precise states costs");
+        assert!(owner_cost > 3_000.0, "{owner_cost}: {}", decision.reason);
+        // A summary counts until it ages out or its router is removed; what this engine publishes is its own.
+        assert_eq!(engine.peers(580), vec![("router-b".to_owned(), 500, true)]);
+        assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 581, 4, 0.1), Some(12.0));
+        assert!(engine.replica_status_at(ReplicaId(0), 581).expect("known").peer_load.is_none());
+        assert!(engine.remove_peer("router-b"));
+        assert!(!engine.remove_peer("router-b"));
+        let own = PeerLoad { requests: 1, prefill_blocks: 4, decode_blocks: 0 };
+        assert_eq!(engine.own_load(), vec![(ReplicaId(0), PeerLoad::default()), (ReplicaId(1), own)]);
+        // A replica removed and another added in its slot does not inherit a peer's figures for it.
+        engine.set_peer_load("router-c", &[(ReplicaId(0), long)], 600);
+        assert!(engine.remove_replica(ReplicaId(0)));
+        assert!(engine.add_replica(ReplicaId(5)));
+        assert_eq!(
+            engine.replica_status_at(ReplicaId(5), 600).expect("known").peer_load,
+            Some(PeerLoad::default())
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ mod spec;
 mod table;
 
 pub use decision::{Branch, CandidateExplanation, Decision, ObserveError, PickError};
-pub use engine::{Engine, ReplicaMetrics, ReplicaStatus};
+pub use engine::{Engine, PeerLoad, ReplicaMetrics, ReplicaStatus};
 pub use hashing::{BLOCK_HASH_SEED, block_hashes_from_text, block_hashes_from_tokens, chain_block_ids};
 pub use kv_event::{EngineHashTranslator, KvEvent, Medium};
 pub use pd::{

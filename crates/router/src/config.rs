@@ -392,6 +392,9 @@ pub struct RouterConfig {
     pub tls: Option<TlsConfig>,
     /// Take the policy from an etcd key (watched; every value validated as an admin PUT is).
     pub policy_etcd: Option<crate::etcd_policy::EtcdPolicySource>,
+    /// Publish this router's in-flight load per replica to etcd and weigh the other routers' requests by
+    /// theirs (`peer_load.rs`).
+    pub peer_load: Option<crate::peer_load::PeerLoadConfig>,
 }
 
 impl Default for RouterConfig {
@@ -422,6 +425,7 @@ impl Default for RouterConfig {
             seed: 0x5EED,
             tls: None,
             policy_etcd: None,
+            peer_load: None,
         }
     }
 }
@@ -519,6 +523,9 @@ impl RouterConfig {
             if source.check_every.is_zero() {
                 return Err(ConfigError::new("policy_etcd_check", "must be above zero"));
             }
+        }
+        if let Some(share) = &self.peer_load {
+            share.validate().map_err(|fix| ConfigError::new("peer_load", fix))?;
         }
         Ok(())
     }

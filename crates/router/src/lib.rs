@@ -14,6 +14,8 @@
 //! - [`engine_load`]: each replica's queue, running requests and KV usage from its `/metrics`, scraped in the
 //!   background and handed to the policy engine, so load other routers sent is seen.
 //! - [`etcd_policy`]: the policy from an etcd key (`--policy-etcd`), watched and validated like an admin PUT.
+//! - [`peer_load`]: the routers of one fleet publish their in-flight load per replica through etcd
+//!   (`--peer-load-prefix`) and weigh each other's requests by it.
 //! - `tls` (build feature `tls`): HTTPS with rustls; `tokenizer` (build feature): Hugging Face tokenizers.
 //!
 //! # Embedding
@@ -43,6 +45,7 @@ pub mod health;
 pub mod kv_events;
 pub mod metrics;
 pub mod pd;
+pub mod peer_load;
 pub mod proxy;
 pub mod recording;
 pub mod routing_key;
@@ -71,6 +74,7 @@ pub use config::{
     TlsConfig,
 };
 pub use etcd_policy::EtcdPolicySource;
+pub use peer_load::PeerLoadConfig;
 pub use routing_key::Tokenize;
 pub use state::RouterState;
 
@@ -113,6 +117,10 @@ pub async fn start(
             tracing::warn!(key = %store.key, %error, "cannot read the policy from etcd yet; starting with the policy given and retrying");
         }
         tokio::spawn(etcd_policy::run(state.clone(), store.clone()));
+    }
+    if let Some(share) = &state.peer_load {
+        tokio::spawn(peer_load::publish_loop(state.clone(), share.clone()));
+        tokio::spawn(peer_load::watch_loop(state.clone(), share.clone()));
     }
     let routes = serve::Routes::new(state.clone(), app(state.clone()));
     let stop = state.shutdown.clone();
@@ -223,6 +231,9 @@ async fn metrics(State(state): State<Arc<RouterState>>) -> Response {
     );
     if let Some(store) = &state.etcd_policy {
         store.render_metrics(&mut text, policy.store_revision.unwrap_or(0));
+    }
+    if let Some(share) = &state.peer_load {
+        share.render_metrics(&mut text, state.now_ms());
     }
     if let Some(tokenizer) = &state.tokenizer {
         tokenizer.render_metrics(&mut text);

@@ -133,10 +133,34 @@ struct Cli {
     /// Besides watching, read the etcd key every this many seconds (notices a silent partition).
     #[arg(long, default_value_t = 10)]
     policy_etcd_check_s: u64,
+    /// Share load with the fleet's other routers through the --policy-etcd cluster: publish this router's
+    /// in-flight prefill and decode blocks per replica under PREFIX + --router-name (on a lease), and weigh
+    /// the other routers' requests by what they publish there, e.g. /fleetdeck/FLEET/load/.
+    #[arg(long, requires = "policy_etcd", value_name = "PREFIX")]
+    peer_load_prefix: Option<String>,
+    /// How often this router publishes its load (with --peer-load-prefix), in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    peer_load_ms: u64,
+    /// This router's name among the fleet's routers (its etcd key with --peer-load-prefix); default: the
+    /// host name and the process id.
+    #[arg(long)]
+    router_name: Option<String>,
     /// Threads serving requests (default: one per core). One thread avoids cross-thread wake-ups, the
     /// lowest latency when the router shares a small machine with its replicas (as nginx's single worker).
     #[arg(long)]
     worker_threads: Option<usize>,
+}
+
+/// The host name and the process id: unique among routers on one host, and a restarted router's new name
+/// never meets its old key (that goes with its lease).
+fn default_router_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().replace('/', "-"))
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "router".to_owned());
+    format!("{host}-{}", std::process::id())
 }
 
 fn read_token(cli: &Cli) -> Result<Option<String>> {
@@ -190,6 +214,15 @@ async fn run(cli: Cli) -> Result<()> {
         key,
         check_every: Duration::from_secs(cli.policy_etcd_check_s),
     });
+    let peer_load = match (&cli.peer_load_prefix, cli.etcd.connection()?) {
+        (Some(prefix), Some((etcd, _))) => Some(fleet_router::PeerLoadConfig {
+            etcd,
+            prefix: prefix.clone(),
+            name: cli.router_name.clone().unwrap_or_else(default_router_name),
+            interval: Duration::from_millis(cli.peer_load_ms),
+        }),
+        _ => None,
+    };
     let seed = match cli.seed {
         Some(seed) => seed,
         None => OsRng.try_next_u64().context("cannot draw a seed from the OS; pass --seed N")?,
@@ -233,6 +266,7 @@ async fn run(cli: Cli) -> Result<()> {
             .zip(cli.tls_key.clone())
             .map(|(cert, key)| fleet_router::TlsConfig { cert, key }),
         policy_etcd,
+        peer_load,
         ..RouterConfig::default()
     };
     config.validate().context("invalid fleet-router options")?;
@@ -243,10 +277,13 @@ async fn run(cli: Cli) -> Result<()> {
     let admin = if config.admin_token.is_some() { "admin API on" } else { "admin API off" };
     let replicas = config.replicas.len();
     let config_tls = config.tls.is_some();
-    let store = match &config.policy_etcd {
+    let mut store = match &config.policy_etcd {
         Some(source) => format!(", policy from etcd key {}", source.key),
         None => String::new(),
     };
+    if let Some(share) = &config.peer_load {
+        store.push_str(&format!(", load shared as {}", share.key()));
+    }
     let grace = config.shutdown_grace;
     // Installed before the router announces itself, so a signal sent right after never meets the
     // default action (which would drop every request in flight).

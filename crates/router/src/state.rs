@@ -492,6 +492,8 @@ pub struct RouterState {
     pub shutdown: CancellationToken,
     /// The etcd key the policy comes from (`--policy-etcd`), with its watcher's state.
     pub etcd_policy: Option<Arc<crate::etcd_policy::EtcdPolicyWatch>>,
+    /// The load this router and the fleet's other routers share through etcd (`--peer-load-prefix`).
+    pub peer_load: Option<Arc<crate::peer_load::PeerLoadShare>>,
 }
 
 impl RouterState {
@@ -514,6 +516,10 @@ impl RouterState {
             Some(source) => Some(Arc::new(crate::etcd_policy::EtcdPolicyWatch::new(source)?)),
             None => None,
         };
+        let peer_load = match &config.peer_load {
+            Some(share) => Some(Arc::new(crate::peer_load::PeerLoadShare::new(share.clone())?)),
+            None => None,
+        };
         Ok(Arc::new(Self {
             fleet: ArcSwap::from_pointee(FleetView::default()),
             policy: ArcSwap::from_pointee(first.clone()),
@@ -534,6 +540,7 @@ impl RouterState {
             started: Instant::now(),
             shutdown: CancellationToken::new(),
             etcd_policy,
+            peer_load,
             config,
         }))
     }
@@ -668,9 +675,13 @@ impl RouterState {
                 let mut engine = Engine::new(policy.spec.clone(), &[]).map_err(AddReplicaError::Policy)?;
                 // Scraped engine figures count for a bounded time; then the policies use the own counts.
                 engine.set_metrics_max_age(self.config.engine_metrics.max_age_ms());
+                // So do other routers' published loads (a stalled watch cannot keep old ones in force).
+                let peer_max_age = Some(crate::peer_load::PEER_MAX_AGE.as_millis() as u64);
+                engine.set_peer_load_max_age(peer_max_age);
                 let mut prefill =
                     Engine::new(prefill_spec(&policy.spec), &[]).map_err(AddReplicaError::Policy)?;
                 prefill.set_metrics_max_age(self.config.engine_metrics.max_age_ms());
+                prefill.set_peer_load_max_age(peer_max_age);
                 let group = Arc::new(Group {
                     model: model.clone(),
                     engine: Mutex::new(PolicyEngine {
@@ -934,6 +945,8 @@ impl RouterState {
                 "own": outstanding,
                 "seen": seen.map_or(outstanding, |m| u64::from(m.queue_depth) + u64::from(m.running)),
                 "source": if seen.is_some() { "engine" } else { "own" },
+                // What the other routers published of their requests here (`--peer-load-prefix`).
+                "peers": status.as_ref().and_then(|s| s.peer_load),
             });
             let engine = self.config.engine_metrics.enabled().then(|| {
                 let view = replica.engine_load.view(now_ms, max_age_ms);
@@ -1026,6 +1039,9 @@ impl RouterState {
         document["pd"] = self.metrics.pd_state_json();
         if let Some(store) = &self.etcd_policy {
             document["policy_store"] = store.state_document();
+        }
+        if let Some(share) = &self.peer_load {
+            document["peer_load"] = share.state_document(now_ms);
         }
         document
     }

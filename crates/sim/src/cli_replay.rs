@@ -46,6 +46,12 @@ pub struct FleetArgs {
     /// the replicas' KV events and metrics (give --replica-metrics-ms), as N fleet-routers over one fleet do.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub routers: u32,
+    /// With several --routers: each router hands the others its own in-flight prefill and decode blocks
+    /// per replica every MS virtual milliseconds (0: before every pick), as fleet-routers publishing
+    /// through etcd (`--peer-load-etcd`, every `--peer-load-ms`) do; the others weigh its requests by
+    /// those figures instead of the average size of their own. Default: none, as routers without etcd.
+    #[arg(long, value_name = "MS")]
+    pub peer_load_ms: Option<u64>,
     /// Disaggregated prefill/decode: this many prefill replicas beside the --replicas decode replicas, each
     /// request split or served locally by the policy's `pd:` thresholds as fleet-router decides.
     #[arg(long, value_name = "N")]
@@ -157,6 +163,7 @@ fn prepare(fleet: &FleetArgs) -> Result<(PreparedTrace, ReplayConfig)> {
     config.metrics_interval_ms = fleet.replica_metrics_ms;
     // 0, or several routers in front of a prefill pool, the replay itself refuses by name.
     config.routers = fleet.routers;
+    config.peer_load_interval_ms = fleet.peer_load_ms;
     if let Some(prefill_replicas) = fleet.prefill_replicas {
         let transfer = fleet_sim::engine::TransferCost {
             bytes_per_token: fleet.kv_bytes_per_token,

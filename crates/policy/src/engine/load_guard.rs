@@ -26,6 +26,11 @@
 //! to that many times the bound (`cargo xtask bench routers`: kv_precise's TTFT p95 2.02x with 4 routers
 //! against 1; 1.10-1.18x with it).
 //!
+//! The average misjudges traffic whose prompts differ widely in size (a Mooncake prompt's prefill ranges
+//! over two orders of magnitude). Routers that publish their own in-flight blocks per replica
+//! (`Engine::set_peer_load`; fleet-router through etcd) are counted by those instead, and only the
+//! requests the metrics show beyond them by the average.
+//!
 //! SGLang's balance thresholds and llm-d's queue filter compare request counts, which say nothing of how
 //! long the queued prompts are; Dynamo's cost counts the blocks but weighs cache overlap so strongly
 //! (overlap_weight 4) that a hot prefix's owner wins until it is several prompts behind. The guard states
@@ -42,7 +47,8 @@ use crate::spec::{DEFAULT_BLOCK_TOKENS, LoadGuardParams};
 struct Start {
     wait: f64,
     uncached: u64,
-    /// Of `wait`, the blocks counted for requests other routers sent (fresh reported metrics only).
+    /// Of `wait`, the blocks counted for requests other routers sent (their fresh summaries and the
+    /// replica's fresh metrics only).
     foreign: f64,
 }
 
@@ -109,7 +115,7 @@ pub(super) fn review(
     let policy_reason = std::mem::take(&mut pick.reason);
     pick.notes.push(format!("load guard overrode the policy's choice ({policy_reason})"));
     let others = if owner.foreign > 0.0 {
-        format!(", {} of them from other routers as its metrics report", Fixed(owner.foreign, 1))
+        format!(", {} of them from other routers", Fixed(owner.foreign, 1))
     } else {
         String::new()
     };

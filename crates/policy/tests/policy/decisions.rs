@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use fleet_policy::{Branch, Engine, KvEvent, Medium, PolicySpec, ReplicaId, ReplicaMetrics, RequestView};
+use fleet_policy::{
+    Branch, Engine, KvEvent, Medium, PeerLoad, PolicySpec, ReplicaId, ReplicaMetrics, RequestView,
+};
 use rand::{SeedableRng, rngs::StdRng};
 use serde::Deserialize;
 
@@ -32,6 +34,9 @@ struct Case {
     kv_stored: BTreeMap<u32, Vec<String>>,
     #[serde(default)]
     metrics: BTreeMap<u32, ReplicaMetrics>,
+    /// What other routers published of their requests, by router then replica (`set_peer_load`).
+    #[serde(default)]
+    peers: BTreeMap<String, BTreeMap<u32, PeerLoad>>,
     prompt: String,
     #[serde(default)]
     session: Option<String>,
@@ -93,6 +98,11 @@ fn run(case: &Case) -> fleet_policy::Decision {
     }
     for (replica, metrics) in &case.metrics {
         engine.set_metrics(ReplicaId(*replica), *metrics, 0).expect("known");
+    }
+    for (peer, loads) in &case.peers {
+        let loads: Vec<(ReplicaId, PeerLoad)> =
+            loads.iter().map(|(replica, load)| (ReplicaId(*replica), *load)).collect();
+        engine.set_peer_load(peer, &loads, 0);
     }
     for replica in &case.unhealthy {
         engine.set_health(ReplicaId(*replica), false).expect("known");

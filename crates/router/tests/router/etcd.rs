@@ -1,13 +1,16 @@
 //! The policy from etcd, against a real etcd (Debian's etcd-server, started by the test on loopback): the
 //! router starts with the key's value, swaps on every change, refuses an invalid value and keeps its last
 //! good policy (counted, shown), refuses admin policy changes, keeps its policy through an etcd outage and
-//! catches up after it, and reads a key behind etcd's user/password auth.
+//! catches up after it, and reads a key behind etcd's user/password auth. Routers over one fleet share
+//! their in-flight load through etcd (`peer_load`): each hears of the others' requests, and forgets a
+//! router whose key goes (its lease expired, or it shut down and revoked it).
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use fleet_etcd::Credentials;
-use fleet_router::{EtcdPolicySource, RouterConfig};
+use fleet_router::{EtcdPolicySource, PeerLoadConfig, RouterConfig};
+use fleet_test_support::endpoints::gated_replica;
 use fleet_test_support::etcd::EtcdServer;
 use fleet_test_support::eventually;
 use serde_json::Value;
@@ -185,5 +188,97 @@ async fn the_router_reads_a_key_behind_etcd_auth_and_says_when_its_password_is_w
     // The password never shows, in the state or in the config's debug form.
     assert!(!state.to_string().contains("not-the-password"));
     assert!(!format!("{:?}", refused.state.config).contains("not-the-password"));
+    Ok(())
+}
+
+const LOAD_PREFIX: &str = "/fleetdeck/test/load/";
+
+/// The `peer_load.peers` names in a router's state.
+fn peer_names(state: &Value) -> Vec<String> {
+    state["peer_load"]["peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|peer| peer["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn routers_share_their_in_flight_load_through_etcd_and_forget_a_router_whose_key_goes() -> Result<()> {
+    let etcd = EtcdServer::start().await?;
+    let store = etcd.client()?;
+    let gated = gated_replica().await?;
+    let sharing = |name: &str| {
+        let mut share = PeerLoadConfig::new(&etcd.url(), LOAD_PREFIX, name);
+        share.interval = Duration::from_millis(50);
+        share
+    };
+    let over_the_replica = |name: &str| RouterConfig {
+        replicas: vec![gated.endpoint.url()],
+        admin_token: Some(TOKEN.into()),
+        peer_load: Some(sharing(name)),
+        ..RouterConfig::default()
+    };
+    let a = router(over_the_replica("a")).await?;
+    let b = router(over_the_replica("b")).await?;
+    let http = client();
+
+    // A request through router a waits at the replica: b hears of it from a's summary, not from its own counts.
+    let prompt = "fleetdeck ".repeat(128);
+    let sent = tokio::spawn({
+        let (http, url) = (http.clone(), a.url.clone());
+        async move {
+            http.post(format!("{url}/v1/completions"))
+                .json(&serde_json::json!({"model": "m", "prompt": prompt, "max_tokens": 3}))
+                .send()
+                .await
+        }
+    });
+    gated.arrived().await;
+    let state =
+        state_until(&b, "b to hear of a's request", |s| s["replicas"][0]["load"]["peers"]["requests"] == 1)
+            .await?;
+    let heard = &state["replicas"][0];
+    assert_eq!(heard["outstanding"], 0, "b routed nothing itself: {state}");
+    assert!(heard["load"]["peers"]["prefill_blocks"].as_u64().unwrap_or(0) >= 10, "{state}");
+    assert_eq!(peer_names(&state), ["a"]);
+    assert_eq!(state["peer_load"]["peers"][0]["counted"], true);
+    assert_eq!(state["peer_load"]["key"], format!("{LOAD_PREFIX}b"));
+    let metrics = http.get(format!("{}/metrics", b.url)).send().await?.text().await?;
+    assert_eq!(metric(&metrics, "fleet_router_peer_routers"), Some(1.0), "{metrics}");
+    crate::admin::promtool_check(&metrics).await?;
+    // A router never counts itself: a hears only of b, which is idle.
+    let state = state_until(&a, "a to hear of b", |s| peer_names(s) == ["b"]).await?;
+    assert_eq!(state["replicas"][0]["outstanding"], 1);
+
+    // The request ends: its load leaves b's view with a's next summary.
+    gated.open();
+    let answer = sent.await??;
+    assert!(answer.status().is_success(), "{}", answer.status());
+    state_until(&b, "a's finished request to leave b's view", |s| {
+        s["replicas"][0]["load"]["peers"]["requests"] == 0
+    })
+    .await?;
+
+    // A value under the prefix that is no summary is skipped and counted.
+    store.put(&format!("{LOAD_PREFIX}junk"), b"not a summary").await?;
+    state_until(&b, "the junk value to be counted", |s| s["peer_load"]["malformed_total"] == 1).await?;
+
+    // A router that dies without a word: its key goes when its lease expires, and its load with it.
+    let replica_url = state["replicas"][0]["url"].as_str().context("the replica's URL")?.to_owned();
+    let summary = serde_json::json!({
+        "router": "c",
+        "replicas": {replica_url: {"requests": 5, "prefill_blocks": 100, "decode_blocks": 0}},
+    });
+    let lease = store.grant_lease(2).await?;
+    store.put_with_lease(&format!("{LOAD_PREFIX}c"), summary.to_string().as_bytes(), lease.id).await?;
+    state_until(&b, "c's load to count", |s| s["replicas"][0]["load"]["peers"]["requests"] == 5).await?;
+    state_until(&b, "c to be forgotten when its lease expires", |s| !peer_names(s).contains(&"c".to_owned()))
+        .await?;
+
+    // A router that shuts down revokes its lease: the others forget it at once.
+    drop(a);
+    let state = state_until(&b, "a to be forgotten once it stopped", |s| peer_names(s).is_empty()).await?;
+    assert!(state["replicas"][0]["load"]["peers"].is_null(), "{state}");
     Ok(())
 }

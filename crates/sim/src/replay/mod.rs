@@ -60,6 +60,10 @@ pub struct ReplayConfig {
     /// session's router and only that router hears of it, except through the replicas' KV events and
     /// metrics (`metrics_interval_ms`). 1 (the default) is one router.
     pub routers: u32,
+    /// With several routers: how often each hands the others what it has in flight per replica (prefill
+    /// and decode blocks, `Engine::set_peer_load`), in virtual milliseconds (0: before every pick), as
+    /// fleet-routers publishing through etcd do; `None` (the default): never, as routers without etcd.
+    pub peer_load_interval_ms: Option<u64>,
 }
 
 impl ReplayConfig {
@@ -75,6 +79,7 @@ impl ReplayConfig {
             metrics_phase_ms: 0,
             pd: None,
             routers: 1,
+            peer_load_interval_ms: None,
         }
     }
 
@@ -262,6 +267,9 @@ pub fn replay(
                     })
                     .collect()
             });
+        }
+        if let Some(interval_ms) = config.peer_load_interval_ms {
+            policy.share_peer_load(now_ms, interval_ms, config.metrics_phase_ms);
         }
         let view = RequestView {
             block_hashes: request.block_hashes.to_vec(),

@@ -6,7 +6,9 @@
 //! session. Its first token and completion reach only that router; every replica's KV events reach every
 //! router (engines publish them to any subscriber); each router reads the replicas' metrics on its own
 //! schedule, the routers' scrapes spread over the interval. So a router sees other routers' requests only
-//! as the replicas report them, as live.
+//! as the replicas report them, as live; and, with `peer_load_interval_ms`, as the other routers publish
+//! them (fleet-router's `--peer-load-etcd`): each router on its own schedule hands every other its own
+//! in-flight blocks per replica, which reach them at once (an etcd watch delivers in about a millisecond).
 
 use fleet_policy::{
     Decision, Engine as PolicyEngine, KvEvent, PickError, PolicySpec, ReplicaId, ReplicaMetrics, RequestView,
@@ -29,6 +31,8 @@ struct Router {
     rng: StdRng,
     /// Virtual time of this router's next metrics read, in ms (`None`: before its first).
     next_metrics_ms: Option<u64>,
+    /// Virtual time of this router's next published summary, in ms (`None`: before its first).
+    next_summary_ms: Option<u64>,
 }
 
 impl Routers {
@@ -46,6 +50,7 @@ impl Routers {
                     policy: PolicyEngine::new(spec.clone(), replicas)?,
                     rng: StdRng::seed_from_u64(seed ^ k.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                     next_metrics_ms: None,
+                    next_summary_ms: None,
                 })
             })
             .collect::<Result<_, SpecError>>()?;
@@ -127,6 +132,31 @@ impl Routers {
             for (replica, metrics) in figures.get_or_insert_with(&read).iter() {
                 // The replica ids are the engines' own, so this cannot fail.
                 let _ = router.policy.set_metrics(*replica, *metrics, now_ms);
+            }
+        }
+    }
+    /// Lets each router whose summary is due at `now_ms` (every `interval_ms`; 0: before every pick) hand
+    /// its own in-flight load per replica to every other router, named by its index. The routers' first
+    /// summaries are spread over one interval, shifted by `phase_ms`, as their metrics reads are.
+    pub(crate) fn share_peer_load(&mut self, now_ms: u64, interval_ms: u64, phase_ms: u64) {
+        let count = self.routers.len();
+        if count < 2 {
+            return;
+        }
+        for k in 0..count {
+            let offset = (interval_ms * k as u64 / count as u64 + phase_ms) % interval_ms.max(1);
+            let router = &mut self.routers[k];
+            let due = *router.next_summary_ms.get_or_insert(now_ms + offset);
+            if now_ms < due {
+                continue;
+            }
+            router.next_summary_ms = Some(now_ms + interval_ms);
+            let summary = router.policy.own_load();
+            let name = format!("router-{k}");
+            for (j, other) in self.routers.iter_mut().enumerate() {
+                if j != k {
+                    other.policy.set_peer_load(&name, &summary, now_ms);
+                }
             }
         }
     }
