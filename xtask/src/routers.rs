@@ -5,11 +5,15 @@
 //! fleet's prefix hit rate (the replicas' own /metrics deltas) and client-side TTFT p50/p95; then 4 routers
 //! against 1 per policy, against the issue's goal (at most 2 points fewer hits, TTFT p95 at most 1.15x).
 //!
-//! What the routers share comes from the engines only, never from each other: every router scrapes each
-//! replica's /metrics (`--engine-metrics-ms`, on by default) for the queue, running requests and KV usage
-//! that the other routers' requests make, and every router subscribes to each replica's KV events (the
-//! replicas' ZMQ PUB sockets fan out to any number of subscribers), so kv_precise routers all hold the same
-//! prefix ownership. The approximate trees (cache_aware_approx, weighted_scorers' routed index) learn only
+//! What the routers share comes from the engines and from etcd, never from each other directly: every router
+//! scrapes each replica's /metrics (`--engine-metrics-ms`, on by default) for the queue, running requests
+//! and KV usage that the other routers' requests make, and every router subscribes to each replica's KV
+//! events (the replicas' ZMQ PUB sockets fan out to any number of subscribers), so kv_precise routers all
+//! hold the same prefix ownership. As a fleet with several routers runs them, the routers take their policy
+//! from one etcd (Debian's etcd-server, started by the bench on loopback) and publish their in-flight load
+//! per replica there (`--peer-load-prefix`), so each weighs the others' requests by their real size.
+//! FLEET_ROUTERS_PEER_LOAD=0 runs them without etcd (policy from a file, no shared load); a number sets
+//! `--peer-load-ms`. The approximate trees (cache_aware_approx, weighted_scorers' routed index) learn only
 //! from their own router's decisions: with 4 routers each sees a quarter of the prompts.
 //!
 //! The workload is the `fleet-sim gen` trace of `bench peers` (tenants with hot system prompts, sessions, RAG
@@ -28,8 +32,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::peers::{self, Fleet, Kind, REPLICAS, RouterSpec, Row, Workload, cell};
-use crate::procs::{Guard, free_port, start_fleet_router};
-use crate::{Result, cargo, root, run, target_dir};
+use crate::procs::{Guard, free_port, start_fleet_router, wait_for_port};
+use crate::{Result, cargo, install_packages, root, run, target_dir};
 
 const POLICIES: [&str; 5] =
     ["round_robin", "least_load", "cache_aware_approx", "kv_precise", "weighted_scorers"];
@@ -74,6 +78,17 @@ pub fn run_routers() -> Result<()> {
     if let Some(names) = env_list("FLEET_ROUTERS_WORKLOADS") {
         workloads.retain(|w| names.iter().any(|n| n == w.name));
     }
+    // Shared load through etcd unless FLEET_ROUTERS_PEER_LOAD=0 (a number: the publish interval in ms).
+    let peer_load = std::env::var("FLEET_ROUTERS_PEER_LOAD").unwrap_or_default();
+    let etcd = if peer_load.trim() == "0" {
+        println!("routers share no load (FLEET_ROUTERS_PEER_LOAD=0): policy from a file, no etcd");
+        None
+    } else {
+        let etcd = Etcd::start(&dir)?;
+        println!("routers take their policy from etcd at {} and share their load there", etcd.url);
+        Some(etcd)
+    };
+    let peer_load_ms = peer_load.trim().parse::<u64>().ok().filter(|ms| *ms > 0);
     let started = Instant::now();
     let mut rows: BTreeMap<(&'static str, String, usize), Row> = BTreeMap::new();
     for workload in &workloads {
@@ -85,9 +100,18 @@ pub fn run_routers() -> Result<()> {
                     started.elapsed().as_secs_f64()
                 );
                 let fleet = peers::start_fleet(&bin, &dir)?;
+                // Each row has keys of its own: no router of an earlier row is heard from.
+                let shared = match &etcd {
+                    Some(etcd) if !policy.starts_with("smg:") => {
+                        let row = format!("/fleetdeck/bench-routers/{}-{policy}-{count}/", workload.name);
+                        etcd.put(&format!("{row}policy"), &format!(r#"{{"policy": "{policy}"}}"#))?;
+                        Some(Shared { etcd: etcd.url.clone(), row, peer_load_ms })
+                    }
+                    _ => None,
+                };
                 let mut routers = Vec::new();
                 for i in 0..count {
-                    routers.push(start_router(&bin, &dir, policy, &fleet, i)?);
+                    routers.push(start_router(&bin, &dir, policy, &fleet, i, shared.as_ref())?);
                 }
                 let urls: Vec<String> = routers.iter().map(|(_, url)| url.clone()).collect();
                 let row = peers::bench_spread(&bin, &urls, workload, &fleet)?;
@@ -110,15 +134,77 @@ pub fn run_routers() -> Result<()> {
     Ok(())
 }
 
+/// One etcd of the bench's own (Debian's etcd-server on loopback ports, a data folder in the bench's).
+struct Etcd {
+    _guard: Guard,
+    url: String,
+}
+
+impl Etcd {
+    fn start(dir: &Path) -> Result<Self> {
+        install_packages(&["etcd-server", "etcd-client"])?;
+        let (client, peer) = (free_port()?, free_port()?);
+        let data = dir.join("etcd");
+        let log = fs::File::create(dir.join("etcd.log")).map_err(|e| e.to_string())?;
+        let (url, peer_url) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
+        let child = Command::new("etcd")
+            .args(["--name", "bench", "--data-dir", &data.to_string_lossy()])
+            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("bench={peer_url}")])
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start etcd (Debian's etcd-server): {e}"))?;
+        let etcd = Self { _guard: Guard(child), url };
+        wait_for_port(client, Duration::from_secs(30))?;
+        // Up once it takes a write (the port opens before the member is ready).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while etcd.put("/fleetdeck/bench-routers/ready", "1").is_err() {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "etcd at {} took no write within 30 s; see {}/etcd.log",
+                    etcd.url,
+                    dir.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(etcd)
+    }
+
+    fn put(&self, key: &str, value: &str) -> Result<()> {
+        let output = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.url, "put", key, value])
+            .output()
+            .map_err(|e| format!("cannot run etcdctl (Debian's etcd-client): {e}"))?;
+        if !output.status.success() {
+            return Err(format!("etcdctl put {key}: {}", String::from_utf8_lossy(&output.stderr).trim()));
+        }
+        Ok(())
+    }
+}
+
+/// Where one row's routers take their policy and share their load.
+struct Shared {
+    etcd: String,
+    /// The row's key prefix: its policy at `ROW/policy`, the routers' load under `ROW/load/`.
+    row: String,
+    peer_load_ms: Option<u64>,
+}
+
 /// Starts router number `index` over the whole fleet; waits until it answers. `policy` is a fleet-router
-/// policy (KV events from every replica, engine metrics scraped at the default interval), or `smg:POLICY`
-/// for Shepherd Model Gateway's (the pinned wheel `bench peers` installs).
+/// policy (KV events from every replica, engine metrics scraped at the default interval; with `shared`, the
+/// policy from etcd and the load shared there), or `smg:POLICY` for Shepherd Model Gateway's (the pinned
+/// wheel `bench peers` installs).
 fn start_router(
     bin: &Path,
     dir: &Path,
     policy: &str,
     fleet: &Fleet,
     index: usize,
+    shared: Option<&Shared>,
 ) -> Result<(Guard, String)> {
     let port = free_port()?;
     if let Some(smg_policy) = policy.strip_prefix("smg:") {
@@ -136,9 +222,29 @@ fn start_router(
         let guard = peers::spawn_router(&spec, &program, &args, port, &log_dir, Duration::from_secs(60))?;
         return Ok((guard, format!("http://127.0.0.1:{port}")));
     }
-    let policy_file = dir.join(format!("{policy}.json"));
-    fs::write(&policy_file, format!(r#"{{"policy": "{policy}"}}"#)).map_err(|e| e.to_string())?;
-    let mut args = vec!["--policy-file".to_owned(), policy_file.to_string_lossy().into()];
+    let mut args = match shared {
+        Some(shared) => {
+            let mut args = vec![
+                "--policy-etcd".to_owned(),
+                shared.etcd.clone(),
+                "--policy-key".to_owned(),
+                format!("{}policy", shared.row),
+                "--peer-load-prefix".to_owned(),
+                format!("{}load/", shared.row),
+                "--router-name".to_owned(),
+                format!("router-{index}"),
+            ];
+            if let Some(ms) = shared.peer_load_ms {
+                args.extend(["--peer-load-ms".to_owned(), ms.to_string()]);
+            }
+            args
+        }
+        None => {
+            let policy_file = dir.join(format!("{policy}.json"));
+            fs::write(&policy_file, format!(r#"{{"policy": "{policy}"}}"#)).map_err(|e| e.to_string())?;
+            vec!["--policy-file".to_owned(), policy_file.to_string_lossy().into()]
+        }
+    };
     if let Ok(ms) = std::env::var("FLEET_ROUTERS_METRICS_MS") {
         args.extend(["--engine-metrics-ms".to_owned(), ms]);
     }

@@ -138,8 +138,8 @@ struct Cli {
     /// the other routers' requests by what they publish there, e.g. /fleetdeck/FLEET/load/.
     #[arg(long, requires = "policy_etcd", value_name = "PREFIX")]
     peer_load_prefix: Option<String>,
-    /// How often this router publishes its load (with --peer-load-prefix), in milliseconds.
-    #[arg(long, default_value_t = 100)]
+    /// How often this router publishes its load when it changed (with --peer-load-prefix), in milliseconds.
+    #[arg(long, default_value_t = 25)]
     peer_load_ms: u64,
     /// This router's name among the fleet's routers (its etcd key with --peer-load-prefix); default: the
     /// host name and the process id.

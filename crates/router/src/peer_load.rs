@@ -4,12 +4,12 @@
 //! Why: a replica's `/metrics` say how many requests it holds, not how much prompt they carry, and a router
 //! knows the size only of its own requests. Weighing another router's requests as the average of its own
 //! put kv_precise's TTFT p95 with 4 routers at 1.67x one router's on the Mooncake trace (a prompt's prefill
-//! there ranges over two orders of magnitude); with each router's own blocks published every 100 ms, 1.08x
-//! (`fleet-sim replay --routers 4 --peer-load-ms 100`). The engines do not export queued prefill tokens
+//! there ranges over two orders of magnitude); with each router's own blocks published every 25 ms, 1.07x
+//! (`fleet-sim replay --routers 4 --peer-load-ms 25`, 300 requests at 4x over 8 replicas of 312 blocks). The engines do not export queued prefill tokens
 //! (vLLM 0.32 has only request counts), so the routers tell each other, through the etcd the fleet already
 //! runs for its policy, never a protocol of their own.
 //!
-//! - Publisher: every `interval`, the router's own load per replica (requests, blocks still to prefill,
+//! - Publisher: every `interval`, when it changed, the router's own load per replica (requests, blocks still to prefill,
 //!   blocks in decode: `Engine::own_load`, per group engine) as JSON under `PREFIX + NAME`, on a lease of
 //!   [`LEASE_TTL_S`] seconds kept alive every third of it. A router that dies takes its key with its lease;
 //!   one that shuts down revokes the lease at once. An unchanged summary is written again only after
@@ -20,9 +20,16 @@
 //!   stalls silently cannot leave old figures in force. When etcd is lost both sides retry with backoff and
 //!   the engines fall back, as summaries age out, to weighing other routers' requests by the average.
 //!
-//! Cost: 50 routers publishing every 100 ms are 500 small writes a second to etcd (a summary of 8 replicas
-//! is about 0.5 KB), and each router receives the other 49 routers' 490. `--peer-load-ms` trades that
-//! against how fresh the summaries are (1.20x at 250 ms in the replay above, 1.02x at 50 ms).
+//! The interval is short because a stale summary misleads: a peer's long prompt still counted in prefill
+//! after its prefill ended makes a replica look busy, and every router then sends its work elsewhere at
+//! once. In the replay above, summaries every 100 ms left least_load worse off than none on two of three
+//! workloads (hot tenant at 16 req/s: TTFT p95 1.66x one router's, against 1.34x without); every 25 ms
+//! each policy on each workload was better off than without.
+//!
+//! Cost: a summary is written only when it changed (or after [`REPUBLISH_UNCHANGED`]), so at most 40
+//! writes a second per busy router at 25 ms; 50 busy routers are 2,000 small writes a second to etcd (a
+//! summary of 8 replicas is about 0.5 KB) and each router receives the other 49's. `--peer-load-ms`
+//! trades that against how fresh the summaries are.
 //!
 //! Nothing here is on the request path: picks read the engine under the lock they already take.
 
@@ -45,7 +52,7 @@ pub const REPUBLISH_UNCHANGED: Duration = Duration::from_secs(1);
 /// How long a received summary counts (three republish periods: one lost write is not enough to drop it).
 pub const PEER_MAX_AGE: Duration = Duration::from_secs(3);
 /// The default publish interval.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(25);
 /// First wait after a failed call to etcd; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest wait between two attempts to reach etcd.
@@ -94,7 +101,7 @@ impl PeerLoadConfig {
         }
         if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(10) {
             return Err(format!(
-                "the peer-load interval {:?} must be between 10 ms and 10 s (100 ms is the default)",
+                "the peer-load interval {:?} must be between 10 ms and 10 s (25 ms is the default)",
                 self.interval
             ));
         }

@@ -48,7 +48,7 @@ pub struct FleetArgs {
     pub routers: u32,
     /// With several --routers: each router hands the others its own in-flight prefill and decode blocks
     /// per replica every MS virtual milliseconds (0: before every pick), as fleet-routers publishing
-    /// through etcd (`--peer-load-etcd`, every `--peer-load-ms`) do; the others weigh its requests by
+    /// through etcd (`--peer-load-prefix`, every `--peer-load-ms`, 25 by default) do; the others weigh its requests by
     /// those figures instead of the average size of their own. Default: none, as routers without etcd.
     #[arg(long, value_name = "MS")]
     pub peer_load_ms: Option<u64>,

@@ -7,7 +7,7 @@
 //! router (engines publish them to any subscriber); each router reads the replicas' metrics on its own
 //! schedule, the routers' scrapes spread over the interval. So a router sees other routers' requests only
 //! as the replicas report them, as live; and, with `peer_load_interval_ms`, as the other routers publish
-//! them (fleet-router's `--peer-load-etcd`): each router on its own schedule hands every other its own
+//! them (fleet-router's `--peer-load-prefix`): each router on its own schedule hands every other its own
 //! in-flight blocks per replica, which reach them at once (an etcd watch delivers in about a millisecond).
 
 use fleet_policy::{

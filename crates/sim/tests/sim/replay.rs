@@ -230,6 +230,37 @@ fn a_request_goes_through_the_router_that_recorded_it() {
 }
 
 #[test]
+fn routers_that_publish_their_load_weigh_each_others_requests_as_one_router_would() {
+    // The bench routers' gen workload at 12 req/s over 8 replicas of 10,000 blocks, through 4 routers that
+    // read the replicas' metrics every 250 ms. Without summaries a router weighs each request another
+    // router sent as the average of its own, and power_of_two's TTFT p95 rises well above one router's.
+    // With each router's in-flight blocks per replica handed to the others every 25 ms (fleet-router's
+    // default through etcd), it comes back near one router's. Deterministic: one seed, virtual time.
+    let config = GenConfig { requests: 1000, rate_rps: 12.0, seed: 7, ..GenConfig::default() };
+    let trace = Trace::from_records(generate(&config).expect("valid")).expect("valid");
+    let prepared = replay::prepare(&trace, None, 1.0).expect("prepared");
+    let p95 = |routers: u32, peer_load_interval_ms: Option<u64>| {
+        let config = ReplayConfig {
+            routers,
+            peer_load_interval_ms,
+            capacity_blocks: Some(10_000),
+            metrics_interval_ms: Some(250),
+            ..ReplayConfig::new(8, PolicySpec::named("power_of_two"))
+        };
+        replay::replay(&prepared, &config, ReplayControl::default()).expect("replayed").ttft_p95_s
+    };
+    let one = p95(1, None);
+    let (apart, sharing) = (p95(4, None), p95(4, Some(25)));
+    assert!(apart > one * 1.15, "4 routers without summaries {apart:.3} s, one router {one:.3} s");
+    assert!(
+        sharing < apart && sharing <= one * 1.1,
+        "4 routers sharing {sharing:.3} s, apart {apart:.3} s, one {one:.3} s"
+    );
+    // One router has no one to share with: the setting changes nothing.
+    assert_eq!(p95(1, Some(25)), one);
+}
+
+#[test]
 fn several_routers_share_only_what_the_replicas_publish() {
     // Each of 4 routers has its own engine. cache_aware_approx's tree learns only from its own router's
     // picks, so each router places a prefix that sessions share on its own and hits fall; kv_precise's
