@@ -224,10 +224,13 @@ pub fn verdict_words(verdict: &str) -> &'static str {
 }
 
 /// One router's view of a replica's load, for the agreement table: what its policy counts and where that
-/// comes from ("7 seen · 2 own · engine"), marked when its engine figures are stale.
+/// comes from ("7 seen · 2 own · engine"), what the other routers published there when they share their load
+/// through etcd, marked when its engine figures are stale.
 pub fn router_load_view(view: &fleetdeck_api::RouterLoadView) -> String {
     let stale = if view.stale { " · stale" } else { "" };
-    format!("{} seen · {} own · {}{stale}", view.seen, view.own, view.source)
+    let published =
+        view.published_by_others.map_or_else(String::new, |n| format!(" · {n} published by others"));
+    format!("{} seen · {} own{published} · {}{stale}", view.seen, view.own, view.source)
 }
 
 /// The engine's own load figure of a replica and its age ("9 (0.3 s ago)"), or why there is none.
@@ -577,8 +580,12 @@ mod tests {
             seen: 7,
             source: "engine".into(),
             stale: false,
+            published_by_others: None,
         };
         assert_eq!(router_load_view(&view), "7 seen · 2 own · engine");
+        view.published_by_others = Some(5);
+        assert_eq!(router_load_view(&view), "7 seen · 2 own · 5 published by others · engine");
+        view.published_by_others = None;
         view.source = "own".into();
         view.stale = true;
         view.seen = 2;

@@ -158,6 +158,10 @@ pub struct RouterLoadView {
     pub source: String,
     /// Its scraped engine figures are missing or too old.
     pub stale: bool,
+    /// Requests the fleet's other routers told it they have there (load shared through etcd,
+    /// `--peer-load-prefix`); `None` when it holds no fresh summary from any.
+    #[serde(default)]
+    pub published_by_others: Option<u64>,
 }
 
 /// One prefix group (requests whose first block is the same).

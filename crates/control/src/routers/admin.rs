@@ -158,6 +158,18 @@ pub struct ReplicaLoad {
     pub own: u64,
     pub seen: u64,
     pub source: String,
+    /// What the other routers published of their requests there (`--peer-load-prefix`; `None`: no fresh
+    /// summary, or a router without shared load).
+    pub peers: Option<PublishedLoad>,
+}
+
+/// `load.peers` of a replica in `/admin/state`: the other routers' published in-flight load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct PublishedLoad {
+    pub requests: u64,
+    pub prefill_blocks: u64,
+    pub decode_blocks: u64,
 }
 
 /// `engine` of a replica in `/admin/state`.

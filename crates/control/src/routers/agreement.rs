@@ -5,7 +5,10 @@
 //!
 //! A router that cannot read a replica's `/metrics` (scrapes off, failing or stale) counts only its own
 //! requests there, so with several routers it under-counts by what the others sent: that is the
-//! disagreement this view exists to show.
+//! disagreement this view exists to show. Routers that share their load through etcd also say what the
+//! others told them (`published_by_others`); its own plus that falling well short of the engine's figure
+//! means some router sending there does not publish (no `--peer-load-prefix`), so its requests are
+//! weighed by an average, not their size.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -41,12 +44,19 @@ pub fn build(states: &[(String, RouterState)]) -> Vec<ReplicaLoadAgreement> {
                 entry.engine = Some(figures.waiting.unwrap_or(0.0) + figures.running.unwrap_or(0.0));
                 entry.engine_age_ms = Some(figures.age_ms.unwrap_or(u64::MAX));
             }
-            let (own, seen, source) = match &replica.load {
-                Some(load) => (load.own, load.seen, load.source.clone()),
+            let (own, seen, source, published_by_others) = match &replica.load {
+                Some(load) => (load.own, load.seen, load.source.clone(), load.peers.map(|p| p.requests)),
                 // A router that reports no `load` (older than issue 35) counts its own requests only.
-                None => (replica.outstanding, replica.outstanding, "own".to_owned()),
+                None => (replica.outstanding, replica.outstanding, "own".to_owned(), None),
             };
-            entry.routers.push(RouterLoadView { router: router.clone(), own, seen, source, stale });
+            entry.routers.push(RouterLoadView {
+                router: router.clone(),
+                own,
+                seen,
+                source,
+                stale,
+                published_by_others,
+            });
         }
     }
     let mut agreements = Vec::with_capacity(order.len());
@@ -64,6 +74,17 @@ pub fn build(states: &[(String, RouterState)]) -> Vec<ReplicaLoadAgreement> {
             if off(view.seen as f64, reference) {
                 let why = if view.source == "own" { "its own requests only" } else { "the engine's figures" };
                 off_routers.push(format!("{} sees {} ({why})", view.router, view.seen));
+            } else if let Some(published) = view.published_by_others
+                && entry.engine.is_some()
+                && off((view.own + published) as f64, reference)
+            {
+                off_routers.push(format!(
+                    "{} knows the size of {} ({} own + {published} published by other routers): a router \
+                     sending there does not publish its load",
+                    view.router,
+                    view.own + published,
+                    view.own
+                ));
             }
         }
         entry.disagree = !off_routers.is_empty();
@@ -237,6 +258,47 @@ mod tests {
         assert!(note.contains("http://c sees 1 (its own requests only)"), "{note}");
         assert!(!note.contains("http://a"), "{note}");
         assert!(note.contains("the engine holds 9"), "{note}");
+    }
+
+    #[test]
+    fn routers_sharing_load_say_what_the_others_published_and_a_silent_router_shows() {
+        let fresh = r#"{"waiting": 2, "running": 8, "age_ms": 100, "stale": false}"#;
+        let sharing = |own: u64, published: u64| {
+            state(
+                &format!(
+                    r#"{{"own": {own}, "seen": 10, "source": "engine", "peers": {{"requests": {published}, "prefill_blocks": 40, "decode_blocks": 7}}}}"#
+                ),
+                fresh,
+            )
+        };
+        // Two routers, each told of the other's requests: 4 + 6 = 10, what the engine holds.
+        let states = vec![("http://a".to_owned(), sharing(4, 6)), ("http://b".to_owned(), sharing(6, 4))];
+        let replica = &build(&states)[0];
+        assert!(!replica.disagree, "{replica:?}");
+        assert_eq!(replica.routers[0].published_by_others, Some(6));
+        // A third router sends 6 more but publishes nothing: the two sharing routers know the size of only
+        // 10 of the 16 the engine holds.
+        let fresh = r#"{"waiting": 6, "running": 10, "age_ms": 100, "stale": false}"#;
+        let states = vec![
+            (
+                "http://a".to_owned(),
+                state(r#"{"own": 4, "seen": 16, "source": "engine", "peers": {"requests": 6}}"#, fresh),
+            ),
+            (
+                "http://b".to_owned(),
+                state(r#"{"own": 6, "seen": 16, "source": "engine", "peers": {"requests": 4}}"#, fresh),
+            ),
+            ("http://c".to_owned(), state(r#"{"own": 6, "seen": 16, "source": "engine"}"#, fresh)),
+        ];
+        let replica = &build(&states)[0];
+        assert!(replica.disagree, "{replica:?}");
+        let note = replica.note.as_deref().unwrap_or_default();
+        assert!(
+            note.contains("http://a knows the size of 10 (4 own + 6 published by other routers)"),
+            "{note}"
+        );
+        assert!(!note.contains("http://c"), "c shares nothing, so claims nothing: {note}");
+        assert_eq!(replica.routers[2].published_by_others, None);
     }
 
     #[test]
