@@ -148,6 +148,10 @@ pub struct WhatIfRouterModel {
     /// How often each replayed router reads the replicas' engine figures, in ms (`None`: never, as a
     /// router with `--engine-metrics-ms 0`).
     pub engine_metrics_ms: Option<u64>,
+    /// How often each replayed router hands the others its in-flight load, in ms, as routers sharing their
+    /// load through etcd (`--peer-load-prefix`) do; `None`: they share none.
+    #[serde(default)]
+    pub peer_load_ms: Option<u64>,
     /// One line saying what was modelled and why, for the UI.
     pub summary: String,
 }

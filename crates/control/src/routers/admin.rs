@@ -60,6 +60,9 @@ pub struct RouterState {
     /// How often the router's policies read the replicas' engine figures, in ms (`Some(0)`: never;
     /// `None`: a router before it said, which read none).
     pub engine_metrics_ms: Option<u64>,
+    /// The load it shares with the fleet's other routers through etcd (`--peer-load-prefix`; absent when it
+    /// shares none, or from routers before it).
+    pub peer_load: Option<PeerLoadState>,
     /// Where the router takes its policy from, when that is etcd (`--policy-etcd`; `policy_store` on the
     /// wire).
     #[serde(rename = "policy_store")]
@@ -161,6 +164,18 @@ pub struct ReplicaLoad {
     /// What the other routers published of their requests there (`--peer-load-prefix`; `None`: no fresh
     /// summary, or a router without shared load).
     pub peers: Option<PublishedLoad>,
+}
+
+/// `peer_load` of `/admin/state`: this router's part in the load its fleet's routers share through etcd.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct PeerLoadState {
+    /// Its name among the routers.
+    pub name: String,
+    /// How often it publishes its load when it changed, in ms.
+    pub interval_ms: u64,
+    /// Whether its last call to etcd succeeded.
+    pub connected: bool,
 }
 
 /// `load.peers` of a replica in `/admin/state`: the other routers' published in-flight load.

@@ -329,6 +329,8 @@ struct RouterRead {
     window: Result<TraceWindow, String>,
     /// How often it reads the replicas' engine load (`None`: its state did not say).
     engine_metrics_ms: Option<u64>,
+    /// How often it publishes its load to the fleet's other routers (`None`: it shares none).
+    peer_load_ms: Option<u64>,
 }
 
 /// The baseline spec (what the routers that recorded most of the window run), each router's row and the
@@ -481,8 +483,11 @@ impl WhatIf {
             };
             let state = client.state();
             let (policy, window, state) = futures_util::join!(policy, window, state);
-            let engine_metrics_ms = state.ok().and_then(|state| state.engine_metrics_ms);
-            RouterRead { url: client.url.clone(), policy, window, engine_metrics_ms }
+            let state = state.ok();
+            let engine_metrics_ms = state.as_ref().and_then(|state| state.engine_metrics_ms);
+            let peer_load_ms =
+                state.as_ref().and_then(|state| state.peer_load.as_ref()).map(|p| p.interval_ms);
+            RouterRead { url: client.url.clone(), policy, window, engine_metrics_ms, peer_load_ms }
         }))
         .await;
         let intended = self.inner.rollout.intended_spec().await;
@@ -493,6 +498,7 @@ impl WhatIf {
                 url: read.url.clone(),
                 requests: read.window.as_ref().map_or(0, |w| w.records.len() as u64),
                 engine_metrics_ms: read.engine_metrics_ms,
+                peer_load_ms: read.peer_load_ms,
             })
             .collect();
         let active = match (baseline, &intended) {
@@ -683,6 +689,7 @@ impl WhatIf {
             pd,
             routers: router_model.routers,
             metrics_interval_ms: router_model.engine_metrics_ms,
+            peer_load_interval_ms: router_model.peer_load_ms,
             ..config
         };
         tokio::task::spawn_blocking(move || {

@@ -1,5 +1,6 @@
 //! The routers a what-if replays, modelled as deployed: as many routers as recorded the traffic, each
-//! reading the replicas' engine load as often as the live routers say they do.
+//! reading the replicas' engine load as often as the live routers say they do, and handing the others its
+//! in-flight load when the live routers share theirs through etcd.
 //!
 //! Both matter to the prediction. A router that reads engine figures weighs load by what the replicas
 //! report (other routers' requests included, seconds old at most), one that does not by its own
@@ -18,6 +19,8 @@ pub(crate) struct RouterFacts {
     /// How often it reads engine figures, in ms (`Some(0)`: never); `None`: it did not say (its state
     /// could not be read, or it predates the field and reads none).
     pub engine_metrics_ms: Option<u64>,
+    /// How often it publishes its in-flight load to the other routers, in ms (`None`: it shares none).
+    pub peer_load_ms: Option<u64>,
 }
 
 /// The routers to replay and how they read engine load, with notes on what was assumed.
@@ -77,6 +80,18 @@ pub(crate) fn deployed(facts: &[RouterFacts], recorded: usize, pd: bool) -> (Wha
         ));
     }
     let engine_metrics_ms = chosen.filter(|ms| *ms > 0);
+    // Shared load, as the routers that carried most of the traffic share it (fleets share all or none).
+    let sharing = carried.iter().filter(|f| f.peer_load_ms.is_some()).count();
+    let peer_load_ms = (routers > 1 && sharing * 2 > carried.len())
+        .then(|| carried.iter().filter_map(|f| f.peer_load_ms).max())
+        .flatten();
+    if routers > 1 && sharing > 0 && sharing < carried.len() {
+        notes.push(format!(
+            "{sharing} of {} routers share their load through etcd; the replayed routers {}",
+            carried.len(),
+            if peer_load_ms.is_some() { "all do" } else { "do not" }
+        ));
+    }
     let reading = match (engine_metrics_ms, chosen) {
         (Some(ms), _) => format!("reading the replicas' engine load {}", interval_text(ms)),
         (None, Some(_)) => "reading no engine load (the routers' --engine-metrics-ms is 0)".to_owned(),
@@ -85,12 +100,19 @@ pub(crate) fn deployed(facts: &[RouterFacts], recorded: usize, pd: bool) -> (Wha
     let summary = if routers == 1 {
         format!("1 router, {reading}")
     } else {
+        let shared = match peer_load_ms {
+            Some(ms) => format!(
+                "what the replicas publish (KV events, metrics) and their own in-flight load every {ms} ms, \
+                 through etcd"
+            ),
+            None => "only what the replicas publish (KV events, metrics)".to_owned(),
+        };
         format!(
             "{routers} routers, each with its own policy engine and its recorded requests, each {reading}; they \
-             share only what the replicas publish (KV events, metrics)"
+             share {shared}"
         )
     };
-    (WhatIfRouterModel { routers, engine_metrics_ms, summary }, notes)
+    (WhatIfRouterModel { routers, engine_metrics_ms, peer_load_ms, summary }, notes)
 }
 
 fn interval_text(ms: u64) -> String {
@@ -102,7 +124,26 @@ mod tests {
     use super::*;
 
     fn router(url: &str, requests: u64, engine_metrics_ms: Option<u64>) -> RouterFacts {
-        RouterFacts { url: url.to_owned(), requests, engine_metrics_ms }
+        RouterFacts { url: url.to_owned(), requests, engine_metrics_ms, peer_load_ms: None }
+    }
+
+    #[test]
+    fn routers_sharing_their_load_are_replayed_sharing_it() {
+        let sharing = |url: &str| RouterFacts { peer_load_ms: Some(25), ..router(url, 100, Some(250)) };
+        let (model, notes) = deployed(&[sharing("http://a"), sharing("http://b")], 2, false);
+        assert_eq!((model.routers, model.peer_load_ms), (2, Some(25)));
+        assert!(model.summary.contains("in-flight load every 25 ms, through etcd"), "{}", model.summary);
+        assert!(notes.is_empty(), "{notes:?}");
+        // One of three shares: the replay does not, and says so.
+        let facts =
+            [sharing("http://a"), router("http://b", 100, Some(250)), router("http://c", 100, Some(250))];
+        let (model, notes) = deployed(&facts, 3, false);
+        assert_eq!(model.peer_load_ms, None);
+        assert!(model.summary.contains("share only what the replicas publish"), "{}", model.summary);
+        assert!(notes.iter().any(|n| n.starts_with("1 of 3 routers share")), "{notes:?}");
+        // One router has no one to share with.
+        let (one, _) = deployed(&[sharing("http://a")], 1, false);
+        assert_eq!(one.peer_load_ms, None);
     }
 
     #[test]
