@@ -24,6 +24,8 @@ Examples:
       two replicas, a routing policy, the admin API (its token in a file) and recorded traffic
   fleet-router --replica http://127.0.0.1:8100 --tls-cert cert.pem --tls-key key.pem --tokenizer tokenizer.json
       HTTPS and token-exact prefix blocks (built with --features tls,tokenizer)
+  fleet-router --policy-etcd http://etcd:2379 --policy-key /fleetdeck/prod/policy --peer-load-prefix /fleetdeck/prod/load/ --router-name edge-1 --replica http://10.0.0.5:8000
+      one of several routers over a fleet: the policy from etcd, and the load shared with the others there
 
 The admin API (GET /admin/state, /admin/decisions, PUT /admin/policy, ...) needs the token as
 `Authorization: Bearer TOKEN`; /metrics is open.";
