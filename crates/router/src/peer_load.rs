@@ -178,8 +178,10 @@ pub struct PeerLoadShare {
     client: EtcdClient,
     /// The other routers heard from, by name.
     peers: Mutex<BTreeMap<String, Peer>>,
-    /// Whether the last call to etcd succeeded (publisher or watcher).
-    connected: AtomicBool,
+    /// The publisher's and the watcher's state, each its own: a watch that fails (say, a user allowed to
+    /// write its key but not to read the prefix) must not be hidden by the publisher's next good write.
+    publisher: Side,
+    watcher: Side,
     /// Summaries written.
     published: AtomicU64,
     /// Writes, grants and keep-alives that failed.
@@ -188,7 +190,28 @@ pub struct PeerLoadShare {
     received: AtomicU64,
     /// Values under the prefix that were no summary (skipped).
     malformed: AtomicU64,
+}
+
+/// One side of the sharing (publisher or watcher): whether its last call to etcd succeeded, and its error.
+#[derive(Debug, Default)]
+struct Side {
+    connected: AtomicBool,
     last_error: Mutex<Option<String>>,
+}
+
+impl Side {
+    fn set_error(&self, error: Option<String>) {
+        self.connected.store(error.is_none(), Ordering::Relaxed);
+        *lock(&self.last_error) = error.map(|e| e.chars().take(MAX_ERROR_CHARS).collect());
+    }
+
+    fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    fn error(&self) -> Option<String> {
+        lock(&self.last_error).clone()
+    }
 }
 
 impl PeerLoadShare {
@@ -198,18 +221,13 @@ impl PeerLoadShare {
             client: EtcdClient::new(config.etcd.clone())?,
             config,
             peers: Mutex::new(BTreeMap::new()),
-            connected: AtomicBool::new(false),
+            publisher: Side::default(),
+            watcher: Side::default(),
             published: AtomicU64::new(0),
             publish_failed: AtomicU64::new(0),
             received: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
-            last_error: Mutex::new(None),
         })
-    }
-
-    fn set_error(&self, error: Option<String>) {
-        self.connected.store(error.is_none(), Ordering::Relaxed);
-        *lock(&self.last_error) = error.map(|e| e.chars().take(MAX_ERROR_CHARS).collect());
     }
 
     /// Other routers whose summaries count at `now_ms`.
@@ -239,13 +257,14 @@ impl PeerLoadShare {
             "key": self.config.key(),
             "prefix": self.config.prefix,
             "interval_ms": self.config.interval.as_millis() as u64,
-            "connected": self.connected.load(Ordering::Relaxed),
+            "connected": self.publisher.connected() && self.watcher.connected(),
+            "publish_error": self.publisher.error(),
+            "watch_error": self.watcher.error(),
             "published_total": self.published.load(Ordering::Relaxed),
             "publish_failed_total": self.publish_failed.load(Ordering::Relaxed),
             "received_total": self.received.load(Ordering::Relaxed),
             "malformed_total": self.malformed.load(Ordering::Relaxed),
             "peers": peers,
-            "error": lock(&self.last_error).clone(),
         })
     }
 
@@ -280,8 +299,8 @@ impl PeerLoadShare {
             (
                 "fleet_router_peer_load_connected",
                 "gauge",
-                "1 when the last call to etcd for shared load succeeded.",
-                u64::from(self.connected.load(Ordering::Relaxed)),
+                "1 when the last calls to etcd for shared load, publishing and watching, both succeeded.",
+                u64::from(self.publisher.connected() && self.watcher.connected()),
             ),
         ];
         for (name, kind, help, value) in families {
@@ -375,7 +394,7 @@ pub async fn publish_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
                     last = Some((value, now));
                 }
                 backoff = FIRST_BACKOFF;
-                share.set_error(None);
+                share.publisher.set_error(None);
             }
             Err(error) => {
                 share.publish_failed.fetch_add(1, Ordering::Relaxed);
@@ -384,7 +403,7 @@ pub async fn publish_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
                     // The lease expired while etcd was away: the next attempt takes a new one.
                     lease = None;
                 }
-                share.set_error(Some(error.to_string()));
+                share.publisher.set_error(Some(error.to_string()));
                 backoff_until = now + backoff;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 last = None;
@@ -451,7 +470,7 @@ pub async fn watch_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
             Err(error) => error.to_string(),
         };
         tracing::warn!(prefix = %share.config.prefix, %error, retry_in = ?backoff, "the peer-load watch ended; trying again");
-        share.set_error(Some(error));
+        share.watcher.set_error(Some(error));
         tokio::select! {
             _ = state.shutdown.cancelled() => return,
             _ = tokio::time::sleep(backoff) => {}
@@ -478,7 +497,7 @@ async fn watch_session(
         share.receive(state, &kv.key, &kv.value);
     }
     let mut watch = share.client.watch_prefix(&share.config.prefix, range.revision + 1).await?;
-    share.set_error(None);
+    share.watcher.set_error(None);
     *backoff = FIRST_BACKOFF;
     loop {
         match watch.next().await? {

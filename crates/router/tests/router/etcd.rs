@@ -244,6 +244,8 @@ async fn routers_share_their_in_flight_load_through_etcd_and_forget_a_router_who
     assert_eq!(peer_names(&state), ["a"]);
     assert_eq!(state["peer_load"]["peers"][0]["counted"], true);
     assert_eq!(state["peer_load"]["key"], format!("{LOAD_PREFIX}b"));
+    assert_eq!(state["peer_load"]["connected"], true, "{state}");
+    assert!(state["peer_load"]["publish_error"].is_null() && state["peer_load"]["watch_error"].is_null());
     let metrics = http.get(format!("{}/metrics", b.url)).send().await?.text().await?;
     assert_eq!(metric(&metrics, "fleet_router_peer_routers"), Some(1.0), "{metrics}");
     crate::admin::promtool_check(&metrics).await?;
