@@ -62,11 +62,12 @@ pub struct PeerLoad {
 }
 
 impl PeerLoad {
+    /// The sum, saturating: the figures come from other processes, and absurd ones must not overflow.
     fn plus(self, other: Self) -> Self {
         Self {
-            requests: self.requests + other.requests,
-            prefill_blocks: self.prefill_blocks + other.prefill_blocks,
-            decode_blocks: self.decode_blocks + other.decode_blocks,
+            requests: self.requests.saturating_add(other.requests),
+            prefill_blocks: self.prefill_blocks.saturating_add(other.prefill_blocks),
+            decode_blocks: self.decode_blocks.saturating_add(other.decode_blocks),
         }
     }
 }
@@ -1191,6 +1192,14 @@ mod tests {
         assert!(!engine.remove_peer("router-b"));
         let own = PeerLoad { requests: 1, prefill_blocks: 4, decode_blocks: 0 };
         assert_eq!(engine.own_load(), vec![(ReplicaId(0), PeerLoad::default()), (ReplicaId(1), own)]);
+        // Absurd figures from a peer saturate rather than overflow.
+        let absurd = PeerLoad { requests: u64::MAX, prefill_blocks: u64::MAX, decode_blocks: u64::MAX };
+        engine.set_peer_load("router-x", &[(ReplicaId(0), absurd), (ReplicaId(0), absurd)], 590);
+        engine.set_peer_load("router-y", &[(ReplicaId(0), absurd)], 590);
+        assert_eq!(engine.replica_status_at(ReplicaId(0), 590).expect("known").peer_load, Some(absurd));
+        assert!(engine.expected_wait_blocks(ReplicaId(0), 590, 4, 0.1).is_some_and(f64::is_finite));
+        engine.remove_peer("router-x");
+        engine.remove_peer("router-y");
         // A replica removed and another added in its slot does not inherit a peer's figures for it.
         engine.set_peer_load("router-c", &[(ReplicaId(0), long)], 600);
         assert!(engine.remove_replica(ReplicaId(0)));

@@ -327,7 +327,8 @@ impl PeerLoadShare {
                 self.malformed.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            let requests = summary.replicas.values().map(|load| load.requests).sum();
+            let requests =
+                summary.replicas.values().fold(0_u64, |sum, load| sum.saturating_add(load.requests));
             peers.insert(name.clone(), Peer { at_ms: now_ms, requests, replicas: summary.replicas.len() });
         }
         self.received.fetch_add(1, Ordering::Relaxed);
