@@ -16,18 +16,15 @@
 //! Revisions only grow within one etcd cluster (a snapshot restore keeps them): a router moved to a new
 //! cluster, whose revisions start again, must be restarted, as it ignores revisions it has passed.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_etcd::{EtcdClient, EtcdConfig, EtcdError, KeyValue, WatchEvent, WatchFrame};
 
+use crate::etcd_sessions::{self, Backoff, Sessions};
 use crate::state::{PolicyChangeError, RouterState, lock};
-
-/// First wait after a failed session; doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest wait between two attempts to reach etcd.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Where the policy comes from: an etcd key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -208,30 +205,27 @@ pub async fn read_once(state: &RouterState, store: &EtcdPolicyWatch) -> Result<i
     Ok(range.revision)
 }
 
-/// Watches the key until shutdown, reconnecting with backoff.
+/// Watches the key until shutdown, reconnecting with backoff (`etcd_sessions.rs`).
 pub async fn run(state: Arc<RouterState>, store: Arc<EtcdPolicyWatch>) {
-    let mut backoff = FIRST_BACKOFF;
-    let mut first = true;
-    loop {
-        if !first {
-            store.reconnects.fetch_add(1, Ordering::Relaxed);
-        }
-        first = false;
-        let outcome = tokio::select! {
-            _ = state.shutdown.cancelled() => return,
-            outcome = session(&state, &store, &mut backoff) => outcome,
-        };
-        let error = match outcome {
-            Ok(reason) => reason,
-            Err(error) => error.to_string(),
-        };
-        tracing::warn!(key = %store.key, %error, retry_in = ?backoff, "etcd watch ended; keeping the policy in force and trying again");
-        store.set_error(Some(error));
-        tokio::select! {
-            _ = state.shutdown.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+    etcd_sessions::run(&state.shutdown, &PolicySessions { state: &state, store: &store }).await;
+}
+
+/// The policy watcher's sessions.
+struct PolicySessions<'a> {
+    state: &'a RouterState,
+    store: &'a EtcdPolicyWatch,
+}
+
+impl Sessions for PolicySessions<'_> {
+    fn session(&self, backoff: &mut Backoff) -> impl Future<Output = Result<String, EtcdError>> + Send {
+        session(self.state, self.store, backoff)
+    }
+
+    fn ended(&self, reason: String, retry_in: Duration) {
+        let store = self.store;
+        tracing::warn!(key = %store.key, error = %reason, ?retry_in, "etcd watch ended; keeping the policy in force and trying again");
+        store.set_error(Some(reason));
+        store.reconnects.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -240,11 +234,11 @@ pub async fn run(state: Arc<RouterState>, store: Arc<EtcdPolicyWatch>) {
 async fn session(
     state: &RouterState,
     store: &EtcdPolicyWatch,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
 ) -> Result<String, EtcdError> {
     let revision = read_once(state, store).await?;
     let mut watch = store.client.watch(&store.key, revision + 1).await?;
-    *backoff = FIRST_BACKOFF;
+    backoff.reset();
     let mut check =
         tokio::time::interval_at(tokio::time::Instant::now() + store.check_every, store.check_every);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

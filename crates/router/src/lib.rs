@@ -13,7 +13,8 @@
 //! - [`health`]: hysteresis over probes and request outcomes; [`kv_events`]: KV-event subscription.
 //! - [`engine_load`]: each replica's queue, running requests and KV usage from its `/metrics`, scraped in the
 //!   background and handed to the policy engine, so load other routers sent is seen.
-//! - [`etcd_policy`]: the policy from an etcd key (`--policy-etcd`), watched and validated like an admin PUT.
+//! - [`etcd_policy`]: the policy from an etcd key (`--policy-etcd`), watched and validated like an admin PUT;
+//!   [`etcd_sessions`]: the watch-reconnect loop and backoff it shares with `peer_load`.
 //! - [`peer_load`]: the routers of one fleet publish their in-flight load per replica through etcd
 //!   (`--peer-load-prefix`) and weigh each other's requests by it.
 //! - `tls` (build feature `tls`): HTTPS with rustls; `tokenizer` (build feature): Hugging Face tokenizers.
@@ -40,6 +41,7 @@ pub mod chat_template;
 pub mod config;
 pub mod engine_load;
 pub mod etcd_policy;
+pub mod etcd_sessions;
 pub mod handshake;
 pub mod health;
 pub mod kv_events;

@@ -34,6 +34,7 @@
 //! Nothing here is on the request path: picks read the engine under the lock they already take.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,6 +44,7 @@ use fleet_etcd::{EtcdClient, EtcdConfig, EtcdError, MAX_PREFIX_KEYS, WatchEvent,
 use fleet_policy::{PeerLoad, ReplicaId};
 use serde::{Deserialize, Serialize};
 
+use crate::etcd_sessions::{self, Backoff, Sessions};
 use crate::state::{FleetView, RouterState, lock};
 
 /// Seconds a router's key outlives its last keep-alive (etcd raises anything below 2).
@@ -53,10 +55,6 @@ pub const REPUBLISH_UNCHANGED: Duration = Duration::from_secs(1);
 pub const PEER_MAX_AGE: Duration = Duration::from_secs(3);
 /// The default publish interval.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(25);
-/// First wait after a failed call to etcd; doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest wait between two attempts to reach etcd.
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Longest error text kept for `/admin/state`.
 const MAX_ERROR_CHARS: usize = 300;
 
@@ -366,7 +364,7 @@ pub async fn publish_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
     let mut last: Option<(Vec<u8>, Instant)> = None;
     let mut keep_alive_at = Instant::now();
     let mut backoff_until = Instant::now();
-    let mut backoff = FIRST_BACKOFF;
+    let mut backoff = Backoff::new();
     let mut tick = tokio::time::interval(share.config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -394,19 +392,19 @@ pub async fn publish_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
                 if wrote {
                     last = Some((value, now));
                 }
-                backoff = FIRST_BACKOFF;
+                backoff.reset();
                 share.publisher.set_error(None);
             }
             Err(error) => {
                 share.publish_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%key, %error, retry_in = ?backoff, "cannot publish this router's load to etcd");
+                tracing::warn!(%key, %error, retry_in = ?backoff.wait(), "cannot publish this router's load to etcd");
                 if error.is_lease_gone() {
                     // The lease expired while etcd was away: the next attempt takes a new one.
                     lease = None;
                 }
                 share.publisher.set_error(Some(error.to_string()));
-                backoff_until = now + backoff;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                backoff_until = now + backoff.wait();
+                backoff.grow();
                 last = None;
             }
         }
@@ -458,25 +456,25 @@ async fn publish_once(
     Ok(true)
 }
 
-/// Watches the other routers' summaries until shutdown, reconnecting with backoff.
+/// Watches the other routers' summaries until shutdown, reconnecting with backoff (`etcd_sessions.rs`).
 pub async fn watch_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
-    let mut backoff = FIRST_BACKOFF;
-    loop {
-        let outcome = tokio::select! {
-            _ = state.shutdown.cancelled() => return,
-            outcome = watch_session(&state, &share, &mut backoff) => outcome,
-        };
-        let error = match outcome {
-            Ok(reason) => reason,
-            Err(error) => error.to_string(),
-        };
-        tracing::warn!(prefix = %share.config.prefix, %error, retry_in = ?backoff, "the peer-load watch ended; trying again");
-        share.watcher.set_error(Some(error));
-        tokio::select! {
-            _ = state.shutdown.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+    etcd_sessions::run(&state.shutdown, &PeerSessions { state: &state, share: &share }).await;
+}
+
+/// The shared-load watcher's sessions.
+struct PeerSessions<'a> {
+    state: &'a RouterState,
+    share: &'a PeerLoadShare,
+}
+
+impl Sessions for PeerSessions<'_> {
+    fn session(&self, backoff: &mut Backoff) -> impl Future<Output = Result<String, EtcdError>> + Send {
+        watch_session(self.state, self.share, backoff)
+    }
+
+    fn ended(&self, reason: String, retry_in: Duration) {
+        tracing::warn!(prefix = %self.share.config.prefix, error = %reason, ?retry_in, "the peer-load watch ended; trying again");
+        self.share.watcher.set_error(Some(reason));
     }
 }
 
@@ -485,7 +483,7 @@ pub async fn watch_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
 async fn watch_session(
     state: &RouterState,
     share: &PeerLoadShare,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
 ) -> Result<String, EtcdError> {
     let range = share.client.get_prefix(&share.config.prefix).await?;
     let present: Vec<String> = range.kvs.iter().filter_map(|kv| share.peer_name(&kv.key)).collect();
@@ -499,7 +497,7 @@ async fn watch_session(
     }
     let mut watch = share.client.watch_prefix(&share.config.prefix, range.revision + 1).await?;
     share.watcher.set_error(None);
-    *backoff = FIRST_BACKOFF;
+    backoff.reset();
     loop {
         match watch.next().await? {
             None => return Ok("etcd closed the watch stream".to_owned()),
