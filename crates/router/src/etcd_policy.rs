@@ -17,13 +17,13 @@
 //! cluster, whose revisions start again, must be restarted, as it ignores revisions it has passed.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_etcd::{EtcdClient, EtcdConfig, EtcdError, KeyValue, WatchEvent, WatchFrame};
 
-use crate::etcd_sessions::{self, Backoff, Sessions};
+use crate::etcd_sessions::{self, Backoff, Connection, Sessions};
 use crate::state::{PolicyChangeError, RouterState, lock};
 
 /// Where the policy comes from: an etcd key.
@@ -52,8 +52,8 @@ pub struct EtcdPolicyWatch {
     /// The etcd client.
     pub client: EtcdClient,
     check_every: Duration,
-    /// Whether the last call to etcd succeeded.
-    connected: AtomicBool,
+    /// Whether the last call to etcd succeeded, and its error.
+    connection: Connection,
     /// The newest `mod_revision` of the key seen, applied or refused.
     seen_revision: AtomicI64,
     /// The newest `mod_revision` applied or refused (only the watcher task moves it).
@@ -62,7 +62,6 @@ pub struct EtcdPolicyWatch {
     rejected: AtomicU64,
     /// Sessions started after the first (etcd lost, watch cancelled).
     reconnects: AtomicU64,
-    last_error: Mutex<Option<String>>,
     last_rejected: Mutex<Option<(i64, String)>>,
 }
 
@@ -73,12 +72,11 @@ impl EtcdPolicyWatch {
             key: source.key.clone(),
             client: EtcdClient::new(source.etcd.clone())?,
             check_every: source.check_every,
-            connected: AtomicBool::new(false),
+            connection: Connection::default(),
             seen_revision: AtomicI64::new(0),
             handled: AtomicI64::new(0),
             rejected: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
-            last_error: Mutex::new(None),
             last_rejected: Mutex::new(None),
         })
     }
@@ -99,12 +97,12 @@ impl EtcdPolicyWatch {
             "kind": "etcd",
             "endpoint": self.client.endpoint(),
             "key": self.key,
-            "connected": self.connected.load(Ordering::Relaxed),
+            "connected": self.connection.connected(),
             "seen_revision": seen_revision,
             "rejected_total": self.rejected(),
             "reconnects_total": self.reconnects.load(Ordering::Relaxed),
             "last_rejected": last_rejected,
-            "error": lock(&self.last_error).clone(),
+            "error": self.connection.error(),
         })
     }
 
@@ -135,7 +133,7 @@ impl EtcdPolicyWatch {
                 "fleet_router_policy_store_connected",
                 "gauge",
                 "1 when the last call to etcd succeeded.",
-                u8::from(self.connected.load(Ordering::Relaxed)).to_string(),
+                u8::from(self.connection.connected()).to_string(),
             ),
             (
                 "fleet_router_policy_store_reconnects_total",
@@ -151,8 +149,7 @@ impl EtcdPolicyWatch {
     }
 
     fn set_error(&self, error: Option<String>) {
-        self.connected.store(error.is_none(), Ordering::Relaxed);
-        *lock(&self.last_error) = error;
+        self.connection.set_error(error);
     }
 }
 

@@ -4,13 +4,47 @@
 //!
 //! A session reads what it watches, then watches it from the next revision until etcd ends the stream, the
 //! connection drops or a call fails. Then the watcher is told why and the next session starts after a wait
-//! that doubles from 100 ms to 2 s, back to 100 ms once a session is watching again.
+//! that doubles from 100 ms to 2 s, back to 100 ms once a session is watching again. [`Connection`] keeps
+//! each one's last outcome for `/admin/state`.
 
 use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fleet_etcd::EtcdError;
 use tokio_util::sync::CancellationToken;
+
+use crate::state::lock;
+
+/// Longest error text kept for `/admin/state`.
+const MAX_ERROR_CHARS: usize = 300;
+
+/// Whether a watcher's (or a publisher's) last call to etcd succeeded, and its last error, for
+/// `/admin/state` and `/metrics`.
+#[derive(Debug, Default)]
+pub struct Connection {
+    connected: AtomicBool,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Connection {
+    /// Records the last call's outcome: `None` when it succeeded (the error is cleared).
+    pub fn set_error(&self, error: Option<String>) {
+        self.connected.store(error.is_none(), Ordering::Relaxed);
+        *lock(&self.last_error) = error.map(|e| e.chars().take(MAX_ERROR_CHARS).collect());
+    }
+
+    /// Whether the last call succeeded (false before the first).
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// The last call's error, if it failed.
+    pub fn error(&self) -> Option<String> {
+        lock(&self.last_error).clone()
+    }
+}
 
 /// The wait before the next attempt to reach etcd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,7 +28,7 @@
 //!
 //! Cost: a summary is written only when it changed (or after [`REPUBLISH_UNCHANGED`]), so at most 40
 //! writes a second per busy router at 25 ms; 50 busy routers are 2,000 small writes a second to etcd (a
-//! summary of 8 replicas is about 0.5 KB) and each router receives the other 49's. `--peer-load-ms`
+//! summary of 8 replicas is about 0.7 KB) and each router receives the other 49's. `--peer-load-ms`
 //! trades that against how fresh the summaries are.
 //!
 //! Nothing here is on the request path: picks read the engine under the lock they already take.
@@ -37,14 +37,14 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fleet_etcd::{EtcdClient, EtcdConfig, EtcdError, MAX_PREFIX_KEYS, WatchEvent, WatchFrame};
 use fleet_policy::{PeerLoad, ReplicaId};
 use serde::{Deserialize, Serialize};
 
-use crate::etcd_sessions::{self, Backoff, Sessions};
+use crate::etcd_sessions::{self, Backoff, Connection, Sessions};
 use crate::state::{FleetView, RouterState, lock};
 
 /// Seconds a router's key outlives its last keep-alive (etcd raises anything below 2).
@@ -55,8 +55,6 @@ pub const REPUBLISH_UNCHANGED: Duration = Duration::from_secs(1);
 pub const PEER_MAX_AGE: Duration = Duration::from_secs(3);
 /// The default publish interval.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(25);
-/// Longest error text kept for `/admin/state`.
-const MAX_ERROR_CHARS: usize = 300;
 
 /// Where the routers of a fleet share their load, and as whom this one publishes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,8 +176,8 @@ pub struct PeerLoadShare {
     peers: Mutex<BTreeMap<String, Peer>>,
     /// The publisher's and the watcher's state, each its own: a watch that fails (say, a user allowed to
     /// write its key but not to read the prefix) must not be hidden by the publisher's next good write.
-    publisher: Side,
-    watcher: Side,
+    publisher: Connection,
+    watcher: Connection,
     /// Summaries written.
     published: AtomicU64,
     /// Writes, grants and keep-alives that failed.
@@ -190,28 +188,6 @@ pub struct PeerLoadShare {
     malformed: AtomicU64,
 }
 
-/// One side of the sharing (publisher or watcher): whether its last call to etcd succeeded, and its error.
-#[derive(Debug, Default)]
-struct Side {
-    connected: AtomicBool,
-    last_error: Mutex<Option<String>>,
-}
-
-impl Side {
-    fn set_error(&self, error: Option<String>) {
-        self.connected.store(error.is_none(), Ordering::Relaxed);
-        *lock(&self.last_error) = error.map(|e| e.chars().take(MAX_ERROR_CHARS).collect());
-    }
-
-    fn connected(&self) -> bool {
-        self.connected.load(Ordering::Relaxed)
-    }
-
-    fn error(&self) -> Option<String> {
-        lock(&self.last_error).clone()
-    }
-}
-
 impl PeerLoadShare {
     /// The sharing for `config` (the client is built now, so a bad TLS file fails the start).
     pub fn new(config: PeerLoadConfig) -> Result<Self, EtcdError> {
@@ -219,8 +195,8 @@ impl PeerLoadShare {
             client: EtcdClient::new(config.etcd.clone())?,
             config,
             peers: Mutex::new(BTreeMap::new()),
-            publisher: Side::default(),
-            watcher: Side::default(),
+            publisher: Connection::default(),
+            watcher: Connection::default(),
             published: AtomicU64::new(0),
             publish_failed: AtomicU64::new(0),
             received: AtomicU64::new(0),
