@@ -170,12 +170,8 @@ pub struct ReplicaLoad {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct PeerLoadState {
-    /// Its name among the routers.
-    pub name: String,
-    /// How often it publishes its load when it changed, in ms.
+    /// How often it publishes its load when it changed, in ms (what the what-if replays).
     pub interval_ms: u64,
-    /// Whether its last call to etcd succeeded.
-    pub connected: bool,
 }
 
 /// `load.peers` of a replica in `/admin/state`: the other routers' published in-flight load.
