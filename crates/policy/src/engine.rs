@@ -13,10 +13,13 @@
 mod cache_aware;
 mod load_based;
 mod load_guard;
+mod peer_prompts;
 mod ring;
+
+pub use peer_prompts::RoutedPrompt;
 pub(crate) use ring::chwbl_bound;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -101,6 +104,9 @@ pub struct ReplicaStatus {
     pub kv_events: u64,
     /// Blocks the routed (approximate) index attributes to it.
     pub routed_index_blocks: usize,
+    /// Prefix marks of prompts other routers sent it (see [`Engine::observe_peer_prompts`]).
+    #[serde(default)]
+    pub peer_prompt_marks: usize,
     /// Blocks its KV events say it holds, per medium (GPU, CPU, disk).
     pub kv_blocks: [usize; 3],
 }
@@ -187,6 +193,13 @@ pub struct Engine {
     peers: BTreeMap<String, PeerSummary>,
     /// Peer summaries older than this are ignored (`None`: they never age out).
     peer_load_max_age_ms: Option<u64>,
+    /// Prefix marks of the prompts other routers routed, by replica slot (the policies that learn from
+    /// routing; see [`Engine::observe_peer_prompts`]).
+    peer_routed_index: PrefixIndex,
+    /// Prompts this engine routed that the other routers have not been handed yet (while sharing is on,
+    /// see [`Engine::set_prompt_sharing`]); oldest first, bounded.
+    prompt_outbox: VecDeque<RoutedPrompt>,
+    prompt_sharing: bool,
 }
 
 /// One other router's latest published load (see [`Engine::set_peer_load`]).
@@ -196,6 +209,9 @@ struct PeerSummary {
     at_ms: u64,
     /// Its load on each replica, by slot (slots of replicas it did not name hold zero).
     by_slot: Vec<PeerLoad>,
+    /// Its requests still in prefill whose prompts it shared, by its request id: slot and prefix marks
+    /// (`kv_precise`, see [`Engine::observe_peer_prompts`]).
+    in_prefill: BTreeMap<RequestId, (u32, Vec<u64>)>,
 }
 
 /// Moving means of routed requests' sizes, in blocks (see `Engine::routed_size`).
@@ -263,6 +279,9 @@ impl Engine {
             routed_size: None,
             peers: BTreeMap::new(),
             peer_load_max_age_ms: None,
+            peer_routed_index: PrefixIndex::new(DEFAULT_ROUTED_BLOCKS_PER_REPLICA),
+            prompt_outbox: VecDeque::new(),
+            prompt_sharing: false,
         };
         engine.apply_capacities();
         for replica in replicas {
@@ -304,6 +323,11 @@ impl Engine {
         };
         if self.routed_index.capacity_per_location() != routed {
             self.routed_index.set_capacity_per_location(routed);
+        }
+        // A prompt has fewer marks than blocks, so at the same capacity the marks of other routers'
+        // prompts are remembered at least as long as this router's own blocks.
+        if self.peer_routed_index.capacity_per_location() != routed {
+            self.peer_routed_index.set_capacity_per_location(routed);
         }
         for index in &mut self.kv_indexes {
             if index.capacity_per_location() != kv {
@@ -450,7 +474,9 @@ impl Engine {
                 known += 1;
             }
         }
-        self.peers.insert(peer.to_owned(), PeerSummary { at_ms: now_ms, by_slot });
+        let summary = self.peer_summary_mut(peer);
+        summary.at_ms = now_ms;
+        summary.by_slot = by_slot;
         known
     }
 
@@ -552,6 +578,7 @@ impl Engine {
             peer_load: self.peer_load_at(slot, now_ms),
             kv_events: state.kv_events,
             routed_index_blocks: self.routed_index.blocks_at(slot),
+            peer_prompt_marks: self.peer_routed_index.blocks_at(slot),
             kv_blocks: std::array::from_fn(|medium| self.kv_indexes[medium].blocks_at(slot)),
         })
     }
@@ -616,7 +643,10 @@ impl Engine {
             if let Some(load) = summary.by_slot.get_mut(slot as usize) {
                 *load = PeerLoad::default();
             }
+            summary.in_prefill.retain(|_, (prompt_slot, _)| *prompt_slot != slot);
         }
+        self.peer_routed_index.clear_location(slot);
+        self.prompt_outbox.retain(|prompt| prompt.replica != replica);
         // `last_routed_slot` may still name the freed slot: round robin simply continues after it.
         self.rebuild_ring();
         true
@@ -705,6 +735,9 @@ impl Engine {
         }
         if learns {
             self.routed_index.insert(slot, &view.block_hashes);
+        }
+        if self.prompt_sharing && (learns || tracks_pending) {
+            self.share_routed_prompt(request, replica, &view.block_hashes);
         }
         self.last_routed_slot = Some(slot);
         Ok(())
@@ -924,6 +957,8 @@ struct PickInProgress {
     branch: Branch,
     reason: String,
     notes: Vec<String>,
+    /// The pick's time (what is fresh is judged at it).
+    now_ms: u64,
 }
 
 impl PickInProgress {
@@ -987,6 +1022,7 @@ impl PickInProgress {
             branch: Branch::Fallback,
             reason: String::new(),
             notes: Vec::new(),
+            now_ms,
         })
     }
 

@@ -8,6 +8,7 @@
 //! - [`Engine`]: built from a spec and a replica set; [`Engine::pick`] returns a [`Decision`] with its
 //!   explanation; the `on_*`, `set_*`, `add_replica` and `remove_replica` calls are the only way state changes.
 //! - [`PrefixIndex`]: the chained-block prefix index both cache-aware policies use.
+//! - [`prefix_marks`]: the few hashes of a prompt routers share so each places a prefix where another sent it.
 //! - [`block_hashes_from_tokens`] / [`block_hashes_from_text`]: how prompts become block hashes.
 //!
 //! See `README.md` beside this crate for the policies, parameters and invariants.
@@ -18,13 +19,14 @@ pub mod hashing;
 mod kv_event;
 mod pd;
 mod prefix_index;
+pub mod prefix_marks;
 mod replica;
 mod request;
 mod spec;
 mod table;
 
 pub use decision::{Branch, CandidateExplanation, Decision, ObserveError, PickError};
-pub use engine::{Engine, PeerLoad, ReplicaMetrics, ReplicaStatus};
+pub use engine::{Engine, PeerLoad, ReplicaMetrics, ReplicaStatus, RoutedPrompt};
 pub use hashing::{BLOCK_HASH_SEED, block_hashes_from_text, block_hashes_from_tokens, chain_block_ids};
 pub use kv_event::{EngineHashTranslator, KvEvent, Medium};
 pub use pd::{

@@ -269,6 +269,28 @@ impl PrefixIndex {
         record(matched, 0, active, rest.len() as u32 + 1);
     }
 
+    /// For an index of prefix marks (see [`crate::prefix_marks`]): for every location, the last mark
+    /// position of `prompt` whose hash it holds, raised into `matched` (a location keeps the larger of
+    /// what `matched` had and this). Looks up only the mark positions and stops at the first no location
+    /// holds: a location holding a later mark of the same chain held this one too.
+    pub(crate) fn match_marks_into(&self, prompt: &[u64], matched: &mut [u32]) {
+        for position in crate::prefix_marks::mark_positions(prompt.len()) {
+            let Some(holders) = self.members.get(prompt[position - 1]) else {
+                return;
+            };
+            for (word, bits) in holders.iter().enumerate() {
+                let mut bits = *bits;
+                while bits != 0 {
+                    let location = word * 64 + bits.trailing_zeros() as usize;
+                    if let Some(slot) = matched.get_mut(location) {
+                        *slot = (*slot).max(position as u32);
+                    }
+                    bits &= bits - 1;
+                }
+            }
+        }
+    }
+
     /// How many leading blocks of `prompt` one location holds consecutively.
     pub fn match_location(&self, location: Location, prompt: &[u64]) -> usize {
         let Some(held) = self.locations.get(location as usize) else {

@@ -682,6 +682,10 @@ impl RouterState {
                     Engine::new(prefill_spec(&policy.spec), &[]).map_err(AddReplicaError::Policy)?;
                 prefill.set_metrics_max_age(self.config.engine_metrics.max_age_ms());
                 prefill.set_peer_load_max_age(peer_max_age);
+                // Routers that share their load share the prompts they route too (`peer_load.rs`).
+                let sharing = self.peer_load.is_some();
+                engine.set_prompt_sharing(sharing);
+                prefill.set_prompt_sharing(sharing);
                 let group = Arc::new(Group {
                     model: model.clone(),
                     engine: Mutex::new(PolicyEngine {
@@ -947,6 +951,8 @@ impl RouterState {
                 "source": if seen.is_some() { "engine" } else { "own" },
                 // What the other routers published of their requests here (`--peer-load-prefix`).
                 "peers": status.as_ref().and_then(|s| s.peer_load),
+                // Prefix marks of the prompts other routers sent here (shared with the load).
+                "peer_marks": status.as_ref().map_or(0, |s| s.peer_prompt_marks),
             });
             let engine = self.config.engine_metrics.enabled().then(|| {
                 let view = replica.engine_load.view(now_ms, max_age_ms);

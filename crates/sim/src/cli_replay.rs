@@ -49,9 +49,15 @@ pub struct FleetArgs {
     /// With several --routers: each router hands the others its own in-flight prefill and decode blocks
     /// per replica every MS virtual milliseconds (0: before every pick), as fleet-routers publishing
     /// through etcd (`--peer-load-prefix`, every `--peer-load-ms`, 25 by default) do; the others weigh its requests by
-    /// those figures instead of the average size of their own. Default: none, as routers without etcd.
+    /// those figures instead of the average size of their own, and the prefix marks of the prompts it
+    /// routed since, so that each places a prefix where another sent it. Default: none, as routers without
+    /// etcd.
     #[arg(long, value_name = "MS")]
     pub peer_load_ms: Option<u64>,
+    /// With --peer-load-ms: share the in-flight load only, not the routed prompts (shows what sharing
+    /// the prompts is worth; fleet-router always shares both).
+    #[arg(long, requires = "peer_load_ms")]
+    pub no_peer_prompts: bool,
     /// Disaggregated prefill/decode: this many prefill replicas beside the --replicas decode replicas, each
     /// request split or served locally by the policy's `pd:` thresholds as fleet-router decides.
     #[arg(long, value_name = "N")]
@@ -164,6 +170,7 @@ fn prepare(fleet: &FleetArgs) -> Result<(PreparedTrace, ReplayConfig)> {
     // 0, or several routers in front of a prefill pool, the replay itself refuses by name.
     config.routers = fleet.routers;
     config.peer_load_interval_ms = fleet.peer_load_ms;
+    config.peer_prompts = !fleet.no_peer_prompts;
     if let Some(prefill_replicas) = fleet.prefill_replicas {
         let transfer = fleet_sim::engine::TransferCost {
             bytes_per_token: fleet.kv_bytes_per_token,

@@ -5,7 +5,7 @@ use std::fmt;
 use rand::{Rng, RngCore};
 
 use super::load_based::fill_loads_and_pick_least;
-use super::{Engine, ForeignBlocks, PickInProgress, argmin_by};
+use super::{Engine, ForeignBlocks, PickInProgress, argmin_by, peer_prompts};
 use crate::decision::Branch;
 use crate::kv_event::Medium;
 use crate::prefix_index::PrefixIndex;
@@ -41,7 +41,18 @@ fn sentence(args: fmt::Arguments<'_>) -> String {
 
 /// Matches the prompt against `index` and records each candidate's matched blocks.
 fn fill_matches(pick: &mut PickInProgress, index: &PrefixIndex, view: &RequestView) {
-    let locations = index.location_count();
+    fill_matches_with(pick, index.location_count(), |matched| {
+        index.match_prefix_into(&view.block_hashes, matched)
+    });
+}
+
+/// Runs `matcher` over a zeroed count per location (`locations` of them) and raises each candidate's
+/// matched blocks to its location's count.
+pub(super) fn fill_matches_with(
+    pick: &mut PickInProgress,
+    locations: usize,
+    matcher: impl FnOnce(&mut [u32]),
+) {
     let mut inline = [0u32; INLINE_LOCATIONS];
     let mut spilled = Vec::new();
     let matched: &mut [u32] = if locations <= INLINE_LOCATIONS {
@@ -50,7 +61,7 @@ fn fill_matches(pick: &mut PickInProgress, index: &PrefixIndex, view: &RequestVi
         spilled.resize(locations, 0);
         &mut spilled
     };
-    index.match_prefix_into(&view.block_hashes, matched);
+    matcher(matched);
     for (candidate, slot) in pick.candidates.iter_mut().zip(&pick.slots) {
         let found = matched.get(*slot as usize).copied().unwrap_or(0);
         candidate.matched_blocks = Some(candidate.matched_blocks.map_or(found, |before| before.max(found)));
@@ -112,10 +123,11 @@ pub(super) fn approx(
 ) {
     let prompt_blocks = view.block_hashes.len();
     fill_matches(pick, &engine.routed_index, view);
+    peer_prompts::fill_peer_routed(engine, pick, view);
     for candidate in &mut pick.candidates {
         candidate.score = Some(share(candidate.matched_blocks.unwrap_or(0), prompt_blocks));
     }
-    if engine.routed_index.distinct_blocks() == 0 {
+    if engine.routed_index.distinct_blocks() == 0 && engine.peer_routed_index.distinct_blocks() == 0 {
         pick.notes.push(
             "the approximate index is empty: it learns only from requests routed under this policy (on_routed)"
                 .to_owned(),
@@ -229,6 +241,8 @@ pub(super) fn precise<R: RngCore + ?Sized>(
     if engine.pending_index.distinct_blocks() > 0 {
         fill_matches(pick, &engine.pending_index, view);
     }
+    // Other routers' requests in prefill, as far as their prefix marks tell.
+    peer_prompts::fill_peer_pending(engine, pick, view);
     // Every candidate's cost and how many healthy replicas are silent (no KV events yet); then the cheapest
     // healthy candidate, found once for every branch. Ties (common when replicas are idle and nothing
     // matches) go to the replica holding fewer requests (other routers' included), then fewer cached
@@ -350,6 +364,9 @@ pub(super) fn weighted(
         PrefixSource::KvEvents => &engine.kv_indexes[Medium::Gpu.index()],
     };
     fill_matches(pick, index, view);
+    if params.prefix_source == PrefixSource::Routed {
+        peer_prompts::fill_peer_routed(engine, pick, view);
+    }
     // Filters first: overloaded replicas (by their reported metrics, with this engine's requests sent
     // since) are not eligible.
     let mut eligible = Vec::with_capacity(pick.healthy.len());

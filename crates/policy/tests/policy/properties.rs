@@ -1,5 +1,5 @@
 //! Property tests: picks are healthy, CHWBL keeps its bound, the KV index equals a brute-force reference,
-//! and the same seed gives the same decisions.
+//! the same seed gives the same decisions, and prefix marks never overstate a shared prefix.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -320,6 +320,24 @@ proptest! {
                 prop_assert_eq!(status.kv_blocks[0], held.len());
             }
         }
+    }
+}
+
+proptest! {
+    /// What routers share of a prompt (its prefix marks) tells how long a prefix another prompt shares with
+    /// it to within an eighth, and never more than it really shares.
+    #[test]
+    fn prefix_marks_never_overstate_a_shared_prefix_and_miss_less_than_an_eighth(
+        common in 0usize..3_000,
+        theirs_extra in 0usize..500,
+        ours_extra in 0usize..500,
+    ) {
+        let theirs: Vec<u64> = (0..common as u64).chain((0..theirs_extra as u64).map(|b| 1 << 40 | b)).collect();
+        let ours: Vec<u64> = (0..common as u64).chain((0..ours_extra as u64).map(|b| 2 << 40 | b)).collect();
+        let shared = fleet_policy::prefix_marks::shared_blocks(&fleet_policy::prefix_marks::marks_of(&theirs), &ours);
+        prop_assert!(shared <= common, "{} > {}", shared, common);
+        prop_assert!(8 * shared >= 7 * common, "{} of {}", shared, common);
+        prop_assert!(fleet_policy::prefix_marks::marks_of(&theirs).len() <= 16 + 8 * 12);
     }
 }
 

@@ -2,17 +2,18 @@
 //! router starts with the key's value, swaps on every change, refuses an invalid value and keeps its last
 //! good policy (counted, shown), refuses admin policy changes, keeps its policy through an etcd outage and
 //! catches up after it, and reads a key behind etcd's user/password auth. Routers over one fleet share
-//! their in-flight load through etcd (`peer_load`): each hears of the others' requests, and forgets a
-//! router whose key goes (its lease expired, or it shut down).
+//! their in-flight load through etcd (`peer_load`): each hears of the others' requests, forgets a router
+//! whose key goes (its lease expired, or it shut down), and places a prefix where another router sent it.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use fleet_etcd::Credentials;
 use fleet_router::{EtcdPolicySource, PeerLoadConfig, RouterConfig};
+use fleet_sim::ModelConfig;
 use fleet_test_support::endpoints::gated_replica;
 use fleet_test_support::etcd::EtcdServer;
-use fleet_test_support::eventually;
+use fleet_test_support::{eventually, spawn_sim};
 use serde_json::Value;
 
 use crate::support::{TOKEN, TestRouter, client, router};
@@ -283,5 +284,66 @@ async fn routers_share_their_in_flight_load_through_etcd_and_forget_a_router_who
     drop(a);
     let state = state_until(&b, "a to be forgotten once it stopped", |s| peer_names(s).is_empty()).await?;
     assert!(state["replicas"][0]["load"]["peers"].is_null(), "{state}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_router_places_a_prefix_where_another_router_sent_it() -> Result<()> {
+    let etcd = EtcdServer::start().await?;
+    let sim = spawn_sim(3, ModelConfig::default()).await?;
+    let over_the_fleet = |name: &str| -> Result<RouterConfig> {
+        let mut share = PeerLoadConfig::new(&etcd.url(), LOAD_PREFIX, name);
+        share.interval = Duration::from_millis(50);
+        Ok(RouterConfig {
+            replicas: sim.urls().to_vec(),
+            admin_token: Some(TOKEN.into()),
+            policy: "policy: cache_aware_approx\n".parse()?,
+            peer_load: Some(share),
+            ..RouterConfig::default()
+        })
+    };
+    let a = router(over_the_fleet("a")?).await?;
+    let b = router(over_the_fleet("b")?).await?;
+    let http = client();
+    let complete = |url: String, prompt: String| {
+        let http = http.clone();
+        async move {
+            let response = http
+                .post(format!("{url}/v1/completions"))
+                .json(&serde_json::json!({"prompt": prompt, "max_tokens": 2}))
+                .send()
+                .await?;
+            anyhow::ensure!(response.status().is_success(), "{}", response.status());
+            let replica = response.headers()["x-fleet-replica"].to_str()?.to_owned();
+            response.bytes().await?;
+            Ok(replica)
+        }
+    };
+    // Two prompts through router a, one after the other: the second goes to another replica than the
+    // first (an idle fleet's tie goes to the replica a's index credits with fewer blocks).
+    let first = complete(a.url.clone(), "an unrelated prompt ".repeat(100)).await?;
+    let shared = "You are the support assistant of ACME. Answer briefly and politely. ".repeat(30);
+    let placed = complete(a.url.clone(), format!("{shared} first question")).await?;
+    assert_ne!(first, placed);
+    state_until(&b, "b to receive a's two prompts", |s| s["peer_load"]["prompts_received_total"] == 2)
+        .await?;
+    let state = b.admin_get(&http, "/admin/state").await?;
+    let marks = |url: &str| {
+        state["replicas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["url"] == url)
+            .map(|r| r["load"]["peer_marks"].clone())
+    };
+    assert!(marks(&placed).and_then(|m| m.as_u64()) > Some(0), "{state}");
+
+    // Router b never routed the prompt, yet sends it where a did, for the cache.
+    assert_eq!(complete(b.url.clone(), format!("{shared} second question")).await?, placed);
+    let decisions = b.admin_get(&http, "/admin/decisions?limit=1").await?;
+    let decision = &decisions[0]["decision"];
+    assert_eq!(decision["branch"], "cache", "{decision}");
+    let metrics = http.get(format!("{}/metrics", a.url)).send().await?.text().await?;
+    assert_eq!(metric(&metrics, "fleet_router_peer_prompts_published_total"), Some(2.0), "{metrics}");
     Ok(())
 }

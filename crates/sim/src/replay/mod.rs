@@ -64,6 +64,10 @@ pub struct ReplayConfig {
     /// and decode blocks, `Engine::set_peer_load`), in virtual milliseconds (0: before every pick), as
     /// fleet-routers publishing through etcd do; `None` (the default): never, as routers without etcd.
     pub peer_load_interval_ms: Option<u64>,
+    /// With `peer_load_interval_ms`: whether the routers also hand each other the prompts they routed
+    /// (prefix marks, `Engine::observe_peer_prompts`), as fleet-routers sharing load do. On by default;
+    /// off shows what that part of the sharing is worth.
+    pub peer_prompts: bool,
 }
 
 impl ReplayConfig {
@@ -80,6 +84,7 @@ impl ReplayConfig {
             pd: None,
             routers: 1,
             peer_load_interval_ms: None,
+            peer_prompts: true,
         }
     }
 
@@ -269,7 +274,7 @@ pub fn replay(
             });
         }
         if let Some(interval_ms) = config.peer_load_interval_ms {
-            policy.share_peer_load(now_ms, interval_ms, config.metrics_phase_ms);
+            policy.share_peer_load(now_ms, interval_ms, config.metrics_phase_ms, config.peer_prompts);
         }
         let view = RequestView {
             block_hashes: request.block_hashes.to_vec(),

@@ -8,7 +8,8 @@
 //! schedule, the routers' scrapes spread over the interval. So a router sees other routers' requests only
 //! as the replicas report them, as live; and, with `peer_load_interval_ms`, as the other routers publish
 //! them (fleet-router's `--peer-load-prefix`): each router on its own schedule hands every other its own
-//! in-flight blocks per replica, which reach them at once (an etcd watch delivers in about a millisecond).
+//! in-flight blocks per replica, and the prefix marks of the prompts it routed since, which reach them at
+//! once (an etcd watch delivers in about a millisecond).
 
 use fleet_policy::{
     Decision, Engine as PolicyEngine, KvEvent, PickError, PolicySpec, ReplicaId, ReplicaMetrics, RequestView,
@@ -136,9 +137,11 @@ impl Routers {
         }
     }
     /// Lets each router whose summary is due at `now_ms` (every `interval_ms`; 0: before every pick) hand
-    /// its own in-flight load per replica to every other router, named by its index. The routers' first
-    /// summaries are spread over one interval, shifted by `phase_ms`, as their metrics reads are.
-    pub(crate) fn share_peer_load(&mut self, now_ms: u64, interval_ms: u64, phase_ms: u64) {
+    /// its own in-flight load per replica to every other router, named by its index, and with `prompts`
+    /// the prompts it routed since and which of its requests are still in prefill, as fleet-router's
+    /// summaries carry them. The routers' first summaries are spread over one interval, shifted by
+    /// `phase_ms`, as their metrics reads are.
+    pub(crate) fn share_peer_load(&mut self, now_ms: u64, interval_ms: u64, phase_ms: u64, prompts: bool) {
         let count = self.routers.len();
         if count < 2 {
             return;
@@ -151,11 +154,17 @@ impl Routers {
                 continue;
             }
             router.next_summary_ms = Some(now_ms + interval_ms);
+            router.policy.set_prompt_sharing(prompts);
             let summary = router.policy.own_load();
+            let routed = router.policy.take_routed_prompts();
+            let in_prefill = router.policy.own_in_prefill();
             let name = format!("router-{k}");
             for (j, other) in self.routers.iter_mut().enumerate() {
                 if j != k {
                     other.policy.set_peer_load(&name, &summary, now_ms);
+                    if prompts {
+                        other.policy.observe_peer_prompts(&name, &routed, &in_prefill, now_ms);
+                    }
                 }
             }
         }

@@ -261,20 +261,22 @@ fn routers_that_publish_their_load_weigh_each_others_requests_as_one_router_woul
 }
 
 #[test]
-fn several_routers_share_only_what_the_replicas_publish() {
+fn several_routers_share_only_what_the_replicas_publish_unless_they_share_their_prompts() {
     // Each of 4 routers has its own engine. cache_aware_approx's tree learns only from its own router's
     // picks, so each router places a prefix that sessions share on its own and hits fall; kv_precise's
     // index is fed by the replicas' KV events, which reach every router, so it keeps most of them.
     let prepared = replay::prepare(&generated(1500), None, 2.0).expect("prepared");
-    let hit_rate = |policy: &str, routers: u32| {
+    let hit_rate_sharing = |policy: &str, routers: u32, peer_load_interval_ms: Option<u64>| {
         let config = ReplayConfig {
             routers,
+            peer_load_interval_ms,
             capacity_blocks: Some(3000),
             metrics_interval_ms: Some(250),
             ..ReplayConfig::new(4, PolicySpec::named(policy))
         };
         replay::replay(&prepared, &config, ReplayControl::default()).expect("replayed").hit_rate
     };
+    let hit_rate = |policy: &str, routers: u32| hit_rate_sharing(policy, routers, None);
     let (approx_1, approx_4) = (hit_rate("cache_aware_approx", 1), hit_rate("cache_aware_approx", 4));
     let (precise_1, precise_4) = (hit_rate("kv_precise", 1), hit_rate("kv_precise", 4));
     let (approx_lost, precise_lost) = (approx_1 - approx_4, precise_1 - precise_4);
@@ -285,6 +287,14 @@ fn several_routers_share_only_what_the_replicas_publish() {
         precise_lost < approx_lost / 2.0,
         "a shared KV index keeps most of them: {precise_1:.3} -> {precise_4:.3} (approx {approx_1:.3} -> \
          {approx_4:.3})"
+    );
+    // Routers that hand each other the prompts they route (prefix marks, with their load every 25 ms, as
+    // fleet-routers sharing through etcd do) place a prefix where any of them sent it: the approximate
+    // trees keep their hits.
+    let approx_sharing = hit_rate_sharing("cache_aware_approx", 4, Some(25));
+    assert!(
+        approx_1 - approx_sharing < approx_lost / 3.0,
+        "sharing prompts: {approx_1:.3} -> {approx_sharing:.3} (apart {approx_4:.3})"
     );
     // No router, or several in front of a prefill pool, is refused by name.
     let none = ReplayConfig { routers: 0, ..ReplayConfig::new(4, PolicySpec::named("random")) };

@@ -1,0 +1,76 @@
+//! Prefix marks: a few of a prompt's chained block hashes, what routers tell each other of the prompts
+//! they routed so that each can place a prefix where another one already sent it.
+//!
+//! A chained block hash names the whole prefix up to its block (see [`crate::hashing`]), so a replica
+//! that holds the block at position `p` holds the prompt's first `p` blocks. Sending every hash of every
+//! prompt to every other router costs too much (a 10,000-token prompt is 625 blocks of 16 tokens), so a
+//! router sends only the hashes at *mark positions*: every position up to 16, then the positions with at
+//! most four significant bits (18, 20, ..., 32, 36, ..., 64, 72, ...), eight per doubling of the prompt.
+//! A 625-block prompt has 57 marks. A match found through marks is rounded down to the mark before it, so
+//! it is short by less than an eighth of its length and never claims more than the other router routed.
+//!
+//! The positions are fixed, so the receiver needs no positions on the wire: a prompt's marks are its
+//! hashes at [`mark_positions`], in order.
+
+/// Significant bits a mark position may have past the first 16 positions (8 marks per doubling).
+const MARK_SIGNIFICANT_BITS: u32 = 4;
+
+/// The mark positions (1-based block counts) of a prompt of `blocks` blocks, in increasing order.
+pub fn mark_positions(blocks: usize) -> impl Iterator<Item = usize> {
+    std::iter::successors(Some(1usize), |&position| {
+        let bits = usize::BITS - position.leading_zeros();
+        position.checked_add(1 << bits.saturating_sub(MARK_SIGNIFICANT_BITS))
+    })
+    .take_while(move |&position| position <= blocks)
+}
+
+/// The marks of a prompt: its chained block hashes at [`mark_positions`], in order.
+pub fn marks_of(block_hashes: &[u64]) -> Vec<u64> {
+    mark_positions(block_hashes.len()).map(|position| block_hashes[position - 1]).collect()
+}
+
+/// How many leading blocks of `block_hashes` the prompt with `marks` is known to share: the last mark
+/// position, in order, at which both have the same hash (0 when the first differs).
+pub fn shared_blocks(marks: &[u64], block_hashes: &[u64]) -> usize {
+    let mut shared = 0;
+    for (position, mark) in mark_positions(block_hashes.len()).zip(marks) {
+        if block_hashes[position - 1] != *mark {
+            break;
+        }
+        shared = position;
+    }
+    shared
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mark_positions_are_dense_at_first_then_eight_per_doubling() {
+        let positions: Vec<usize> = mark_positions(80).collect();
+        let mut expected: Vec<usize> = (1..=16).collect();
+        expected.extend([18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 80]);
+        assert_eq!(positions, expected);
+        assert_eq!(mark_positions(625).count(), 57);
+        assert_eq!(mark_positions(0).count(), 0);
+        // Every mark position has at most four significant bits past 16, and the walk never overflows.
+        for position in mark_positions(usize::MAX).take(2_000) {
+            let significant = usize::BITS - position.leading_zeros() - position.trailing_zeros();
+            assert!(position <= 16 || significant <= 4, "{position}");
+        }
+    }
+
+    #[test]
+    fn a_shared_prefix_is_found_to_within_an_eighth_and_never_overstated() {
+        let ours: Vec<u64> = (0..100).collect();
+        // The other prompt shares the first 45 blocks, then differs.
+        let theirs: Vec<u64> = (0..45).chain(1_000..1_060).collect();
+        let marks = marks_of(&theirs);
+        assert_eq!(shared_blocks(&marks, &ours), 44, "the last mark position at or before 45");
+        assert_eq!(shared_blocks(&marks, &theirs), 104);
+        assert_eq!(shared_blocks(&marks, &ours[..10]), 10, "a shorter prompt matches as far as it goes");
+        assert_eq!(shared_blocks(&marks, &[7, 8]), 0);
+        assert_eq!(shared_blocks(&[], &ours), 0);
+    }
+}
