@@ -1,5 +1,5 @@
 //! `cargo xtask bench ...`: picks the benchmark, and launches the three that are examples of other crates
-//! (`fidelity`, fleet-demo's; `etcd`, the control crate's; `skew`, fleet-sim's). The router bench is in `router_bench.rs`, the peers bench in `peers.rs`,
+//! (`fidelity`, fleet-demo's; `etcd`, the control crate's; `skew`, fleet-sim's; `peer-load`, fleet-router's). The router bench is in `router_bench.rs`, the peers bench in `peers.rs`,
 //! many routers over one fleet (`bench routers`) in `routers.rs`, P/D thresholds live and in the what-if
 //! (`bench pd`) in `pd_bench.rs`,
 //! `bench real` in `real.rs` (llama.cpp) and `real_vllm.rs` (vLLM, with the peers); their shared process kit in `procs.rs`.
@@ -13,6 +13,7 @@ pub fn run_bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("router") => crate::router_bench::run_router_bench(),
         Some("etcd") => etcd_bench(&args[1..]),
+        Some("peer-load") => peer_load_bench(&args[1..]),
         Some("peers") => crate::peers::run_peers(),
         Some("routers") => crate::routers::run_routers(),
         Some("pd") => crate::pd_bench::run_pd(),
@@ -25,7 +26,7 @@ pub fn run_bench(args: &[String]) -> Result<()> {
         Some("fidelity") => fidelity_bench(&args[1..]),
         Some("skew") => skew_bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask bench router | peers | routers | pd | real [--engine llamacpp|vllm] | fidelity [REQUESTS] [--scenario NAME] [--policy NAME] [--keep-traces DIR] | skew [MOONCAKE_TRACE] | etcd [--routers N] [--pushes N]"
+            "usage: cargo xtask bench router | peers | routers | pd | real [--engine llamacpp|vllm] | fidelity [REQUESTS] [--scenario NAME] [--policy NAME] [--keep-traces DIR] | skew [MOONCAKE_TRACE] | etcd [--routers N] [--pushes N] | peer-load [--routers 4,16,50] [--interval-ms 25] [--seconds 10] [--prompts-per-s 3]"
                 .to_owned(),
         ),
     }
@@ -71,4 +72,13 @@ fn etcd_bench(extra: &[String]) -> Result<()> {
     let mut args = vec!["run", "--release", "-p", "fleetdeck-control", "--example", "etcd_fanout", "--"];
     args.extend(extra.iter().map(String::as_str));
     run(cargo(), &args, &[("FLEETDECK_BIN_DIR", &bin.to_string_lossy())])
+}
+
+/// What the routers' shared load asks of etcd as they multiply: fleet-router's `peer_load_etcd` example
+/// (N publishers and N watchers with its etcd client and summary type) over a real etcd.
+fn peer_load_bench(extra: &[String]) -> Result<()> {
+    install_packages(&["etcd-server"])?;
+    let mut args = vec!["run", "--release", "-p", "fleet-router", "--example", "peer_load_etcd", "--"];
+    args.extend(extra.iter().map(String::as_str));
+    run(cargo(), &args, &[])
 }

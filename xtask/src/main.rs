@@ -86,6 +86,7 @@ commands:
   bench pd         P/D on four emulated replicas: no P/D, 2P+2D never / always / tuned split,
                    1P+3D; live TTFT and throughput against the what-if's prediction (not CI)
   bench etcd       policy fan-out to 50 routers: through etcd vs per-router HTTP push (not CI)
+  bench peer-load  what routers sharing their load ask of etcd, at 4 to 50 routers (not CI)
   bench real       fleet-router's policies over 3 real llama.cpp servers: TTFT and the prompt
                    tokens llama.cpp computed, and the emulator's what-if against it (not CI)
   bench real --engine vllm

@@ -50,7 +50,8 @@ pub struct CandidateExplanation {
     /// Prompt tokens of its requests still in prefill.
     pub prefill_tokens: u64,
     /// Requests it holds (queue + running) by its fresh reported metrics, with those routed here since
-    /// (see `Engine::seen_metrics`): load other routers sent included. `None` without fresh metrics.
+    /// (see `Engine::seen_metrics`): load other routers sent included; or, when higher, this engine's own
+    /// plus those other routers published (`Engine::set_peer_load`). `None` with neither.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seen_load: Option<f64>,
     /// The load figure the policy compared, when it compared loads.

@@ -496,6 +496,39 @@ impl Engine {
         self.peer_load_max_age_ms.is_none_or(|max_age| now_ms.saturating_sub(summary.at_ms) <= max_age)
     }
 
+    /// The fresh peers' load on every slot, summed (one pass over the peers); `None` when no fresh peer
+    /// has a summary.
+    fn peer_loads_by_slot(&self, now_ms: u64) -> Option<Vec<PeerLoad>> {
+        let mut sums: Option<Vec<PeerLoad>> = None;
+        for summary in self.peers.values() {
+            if self.peer_fresh(summary, now_ms) {
+                let sums = sums.get_or_insert_with(|| vec![PeerLoad::default(); self.slots.len()]);
+                for (sum, load) in sums.iter_mut().zip(&summary.by_slot) {
+                    *sum = sum.plus(*load);
+                }
+            }
+        }
+        sums
+    }
+
+    /// The requests a replica holds as a pick weighs them: by its fresh metrics (`seen`, this engine's
+    /// requests sent since included), or, when higher, this engine's outstanding requests plus those the
+    /// fresh peers published (`peer`, every 25 ms against metrics read every 250 ms: without them several
+    /// routers all see the replica they just loaded as idle until its next read, and pile onto it). `None`
+    /// with neither.
+    fn seen_requests(
+        state: &ReplicaState,
+        seen: Option<ReplicaMetrics>,
+        peer: Option<PeerLoad>,
+    ) -> Option<f64> {
+        let reported = seen.map(|seen| u64::from(seen.queue_depth) + u64::from(seen.running));
+        let published = peer.map(|peer| state.outstanding.saturating_add(peer.requests));
+        match (reported, published) {
+            (None, None) => None,
+            (reported, published) => Some(reported.unwrap_or(0).max(published.unwrap_or(0)) as f64),
+        }
+    }
+
     /// The fresh peers' load on the replica in `slot`, summed; `None` when no fresh peer has a summary.
     fn peer_load_at(&self, slot: u32, now_ms: u64) -> Option<PeerLoad> {
         let mut sum: Option<PeerLoad> = None;
@@ -971,6 +1004,9 @@ impl PickInProgress {
         // Seen loads are kept for other routers' requests, which only the cache-aware policies weigh.
         let mut seen_loads = Vec::with_capacity(if counts_others { engine.slots.len() } else { 0 });
         let mut own = OwnTotals::default();
+        // The fresh peers' published load per slot, summed once for every candidate (`None`: no peer).
+        let peers = engine.peer_loads_by_slot(now_ms);
+        let peer_at = |slot: usize| peers.as_ref().map(|loads| loads.get(slot).copied().unwrap_or_default());
         for (slot, state) in engine.slots.iter().enumerate() {
             let Some(state) = state else { continue };
             if state.healthy {
@@ -988,7 +1024,7 @@ impl PickInProgress {
                 eligible: state.healthy,
                 outstanding: state.outstanding,
                 prefill_tokens: state.prefill_tokens,
-                seen_load: seen.map(|seen| f64::from(seen.queue_depth) + f64::from(seen.running)),
+                seen_load: Engine::seen_requests(state, seen, peer_at(slot)),
                 load: None,
                 matched_blocks: None,
                 score: None,
@@ -1009,7 +1045,7 @@ impl PickInProgress {
             .zip(&seen_loads)
             .map(|(&slot, &seen)| {
                 engine.slots[slot as usize].as_ref().map_or(ForeignBlocks::default(), |state| {
-                    Engine::foreign_blocks(state, seen, weights, engine.peer_load_at(slot, now_ms))
+                    Engine::foreign_blocks(state, seen, weights, peer_at(slot as usize))
                 })
             })
             .collect();
@@ -1107,6 +1143,41 @@ mod tests {
         let status = engine.replica_status(ReplicaId(1)).expect("known");
         assert_eq!((status.outstanding, status.active_decode_blocks), (0, 0));
         assert_eq!(engine.on_completed(7, 9), Err(ObserveError::UnknownRequest(7)));
+    }
+
+    #[test]
+    fn requests_other_routers_published_count_when_the_replicas_metrics_lag_behind() {
+        let mut engine = Engine::new(PolicySpec::named("cache_aware_approx"), &ids(2)).expect("valid");
+        engine.set_peer_load_max_age(Some(500));
+        let idle = ReplicaMetrics { queue_depth: 0, running: 0, kv_usage: 0.0 };
+        engine.set_metrics(ReplicaId(0), idle, 0).expect("known");
+        engine.set_metrics(ReplicaId(1), idle, 0).expect("known");
+        // Since the replicas' last read, another router sent r0 three requests, and says so.
+        let sent = PeerLoad { requests: 3, prefill_blocks: 30, decode_blocks: 0 };
+        engine.set_peer_load("router-b", &[(ReplicaId(0), sent)], 10);
+        let view = RequestView { block_hashes: vec![1, 2], prompt_tokens: 32, session_key: None };
+        let pick = |engine: &Engine, now_ms| {
+            engine.pick(&view, now_ms, &mut StdRng::seed_from_u64(1)).expect("a pick")
+        };
+        let decision = pick(&engine, 20);
+        let seen: Vec<Option<f64>> = decision.candidates.iter().map(|c| c.seen_load).collect();
+        assert_eq!(seen, [Some(3.0), Some(0.0)]);
+        assert_eq!(decision.replica, ReplicaId(1), "{}", decision.reason);
+        // Once the summary ages out, the metrics alone count again.
+        assert_eq!(pick(&engine, 600).candidates[0].seen_load, Some(0.0));
+        // Metrics above the published figures win: requests from a router that does not publish.
+        engine.set_peer_load("router-b", &[(ReplicaId(0), sent)], 600);
+        engine
+            .set_metrics(ReplicaId(0), ReplicaMetrics { queue_depth: 4, running: 2, kv_usage: 0.5 }, 600)
+            .expect("known");
+        assert_eq!(pick(&engine, 610).candidates[0].seen_load, Some(6.0));
+        // Without metrics, this engine's own requests plus the published ones.
+        let mut blind = Engine::new(PolicySpec::named("least_load"), &ids(2)).expect("valid");
+        blind.on_routed(1, ReplicaId(1), &view, 0).expect("routed");
+        blind.set_peer_load("router-b", &[(ReplicaId(1), sent)], 0);
+        let decision = pick(&blind, 0);
+        let seen: Vec<Option<f64>> = decision.candidates.iter().map(|c| c.seen_load).collect();
+        assert_eq!(seen, [Some(0.0), Some(4.0)]);
     }
 
     #[test]

@@ -190,6 +190,11 @@ impl EtcdServer {
         config
     }
 
+    /// Its process id while it runs (for CPU and memory readings).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().and_then(|process| process.child.id())
+    }
+
     /// The data folder.
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
