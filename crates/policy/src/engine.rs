@@ -984,6 +984,9 @@ struct PickInProgress {
     /// Blocks of other routers' requests at each candidate (parallel to `candidates`; zero without fresh
     /// metrics or peer summaries; empty for the policies that do not weigh them).
     foreign: Vec<ForeignBlocks>,
+    /// This engine's requests at each candidate plus those the fresh peers published (parallel to
+    /// `candidates`; `None` without fresh peer summaries).
+    published: Vec<Option<u64>>,
     /// Positions (into `candidates`) of healthy candidates, in order.
     healthy: Vec<usize>,
     chosen: usize,
@@ -1007,6 +1010,7 @@ impl PickInProgress {
         // The fresh peers' published load per slot, summed once for every candidate (`None`: no peer).
         let peers = engine.peer_loads_by_slot(now_ms);
         let peer_at = |slot: usize| peers.as_ref().map(|loads| loads.get(slot).copied().unwrap_or_default());
+        let mut published = Vec::with_capacity(engine.slots.len());
         for (slot, state) in engine.slots.iter().enumerate() {
             let Some(state) = state else { continue };
             if state.healthy {
@@ -1014,6 +1018,7 @@ impl PickInProgress {
             }
             slots.push(slot as u32);
             let seen = engine.seen_of(state, now_ms);
+            published.push(peer_at(slot).map(|peer| state.outstanding.saturating_add(peer.requests)));
             if counts_others {
                 seen_loads.push(seen);
                 own = own.plus(state);
@@ -1053,6 +1058,7 @@ impl PickInProgress {
             slots,
             candidates,
             foreign,
+            published,
             healthy,
             chosen: 0,
             branch: Branch::Fallback,
@@ -1171,6 +1177,14 @@ mod tests {
             .set_metrics(ReplicaId(0), ReplicaMetrics { queue_depth: 4, running: 2, kv_usage: 0.5 }, 600)
             .expect("known");
         assert_eq!(pick(&engine, 610).candidates[0].seen_load, Some(6.0));
+        // weighted_scorers counts the published requests beyond the reported ones as queued there.
+        let mut scored = Engine::new(PolicySpec::named("weighted_scorers"), &ids(2)).expect("valid");
+        scored.set_metrics(ReplicaId(0), idle, 0).expect("known");
+        scored.set_metrics(ReplicaId(1), idle, 0).expect("known");
+        assert_eq!(pick(&scored, 20).replica, ReplicaId(0), "idle replicas tie to engine order");
+        scored.set_peer_load("router-b", &[(ReplicaId(0), sent)], 10);
+        let decision = pick(&scored, 20);
+        assert_eq!(decision.replica, ReplicaId(1), "{}", decision.reason);
         // Without metrics, this engine's own requests plus the published ones.
         let mut blind = Engine::new(PolicySpec::named("least_load"), &ids(2)).expect("valid");
         blind.on_routed(1, ReplicaId(1), &view, 0).expect("routed");

@@ -5,7 +5,7 @@ use std::fmt;
 use rand::{Rng, RngCore};
 
 use super::load_based::fill_loads_and_pick_least;
-use super::{Engine, ForeignBlocks, PickInProgress, argmin_by, peer_prompts};
+use super::{Engine, ForeignBlocks, PickInProgress, ReplicaMetrics, argmin_by, peer_prompts};
 use crate::decision::Branch;
 use crate::kv_event::Medium;
 use crate::prefix_index::PrefixIndex;
@@ -373,9 +373,27 @@ pub(super) fn weighted(
     let mut unreported = Vec::new();
     let mut stale = Vec::new();
     let mut aged_out = Vec::new();
+    // The reported figures, with this engine's requests sent since; where the fresh peer summaries show
+    // more requests than those hold, the others are taken as queued (sent since the replica's last read).
+    let figures_of = |pick: &PickInProgress, position: usize| -> Option<ReplicaMetrics> {
+        let state = engine.slots[pick.slots[position] as usize].as_ref()?;
+        let published = pick.published[position];
+        let mut metrics = match engine.seen_of(state, now_ms) {
+            Some(metrics) => metrics,
+            None if published.is_some() => {
+                let running = u32::try_from(state.outstanding).unwrap_or(u32::MAX);
+                ReplicaMetrics { queue_depth: 0, running, kv_usage: 0.0 }
+            }
+            None => return None,
+        };
+        let held = u64::from(metrics.queue_depth) + u64::from(metrics.running);
+        let beyond = published.unwrap_or(0).saturating_sub(held);
+        metrics.queue_depth = metrics.queue_depth.saturating_add(u32::try_from(beyond).unwrap_or(u32::MAX));
+        Some(metrics)
+    };
     for &position in &pick.healthy {
         let Some(state) = engine.slots[pick.slots[position] as usize].as_ref() else { continue };
-        match engine.seen_of(state, now_ms) {
+        match figures_of(pick, position) {
             Some(metrics) => {
                 if let Some((_, at_ms)) = state.metrics
                     && now_ms.saturating_sub(at_ms) > STALE_METRICS_MS
@@ -431,8 +449,7 @@ pub(super) fn weighted(
     let figures: Vec<(f64, f64, f64)> = eligible
         .iter()
         .map(|&position| {
-            let state = engine.slots[pick.slots[position] as usize].as_ref();
-            let metrics = state.and_then(|s| engine.seen_of(s, now_ms));
+            let metrics = figures_of(pick, position);
             let queue = metrics.map_or(0.0, |m| f64::from(m.queue_depth));
             let running =
                 metrics.map_or(pick.candidates[position].outstanding as f64, |m| f64::from(m.running));
