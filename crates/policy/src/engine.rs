@@ -985,8 +985,8 @@ struct PickInProgress {
     /// metrics or peer summaries; empty for the policies that do not weigh them).
     foreign: Vec<ForeignBlocks>,
     /// This engine's requests at each candidate plus those the fresh peers published (parallel to
-    /// `candidates`; `None` without fresh peer summaries).
-    published: Vec<Option<u64>>,
+    /// `candidates`; empty without fresh peer summaries).
+    published: Vec<u64>,
     /// Positions (into `candidates`) of healthy candidates, in order.
     healthy: Vec<usize>,
     chosen: usize,
@@ -1010,7 +1010,8 @@ impl PickInProgress {
         // The fresh peers' published load per slot, summed once for every candidate (`None`: no peer).
         let peers = engine.peer_loads_by_slot(now_ms);
         let peer_at = |slot: usize| peers.as_ref().map(|loads| loads.get(slot).copied().unwrap_or_default());
-        let mut published = Vec::with_capacity(engine.slots.len());
+        // Allocated only when some peer is fresh: a router that shares with no one pays nothing per pick.
+        let mut published = Vec::with_capacity(if peers.is_some() { engine.slots.len() } else { 0 });
         for (slot, state) in engine.slots.iter().enumerate() {
             let Some(state) = state else { continue };
             if state.healthy {
@@ -1018,7 +1019,9 @@ impl PickInProgress {
             }
             slots.push(slot as u32);
             let seen = engine.seen_of(state, now_ms);
-            published.push(peer_at(slot).map(|peer| state.outstanding.saturating_add(peer.requests)));
+            if let Some(peer) = peer_at(slot) {
+                published.push(state.outstanding.saturating_add(peer.requests));
+            }
             if counts_others {
                 seen_loads.push(seen);
                 own = own.plus(state);

@@ -377,7 +377,7 @@ pub(super) fn weighted(
     // more requests than those hold, the others are taken as queued (sent since the replica's last read).
     let figures_of = |pick: &PickInProgress, position: usize| -> Option<ReplicaMetrics> {
         let state = engine.slots[pick.slots[position] as usize].as_ref()?;
-        let published = pick.published[position];
+        let published = pick.published.get(position).copied();
         let mut metrics = match engine.seen_of(state, now_ms) {
             Some(metrics) => metrics,
             None if published.is_some() => {
