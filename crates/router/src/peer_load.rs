@@ -39,7 +39,7 @@
 //! Cost: a summary is written only when it changed (or after [`REPUBLISH_UNCHANGED`]), so at most 40
 //! writes a second per busy router at 25 ms; 50 busy routers are 2,000 small writes a second to etcd (a
 //! summary of 8 replicas is about 0.7 KB, and each prompt routed adds its marks once: 8 per doubling of
-//! its length, about 1 KB for a 10,000-token prompt) and each router receives the other 49's.
+//! its length, about 1.2 KB for a 10,000-token prompt) and each router receives the other 49's.
 //! `--peer-load-ms` trades that against how fresh the summaries are. A prompt sent between a router's
 //! two summaries is unknown to the others for that long, and one written while a watcher reconnects is
 //! lost to it: the approximate policies tolerate both.
