@@ -1,4 +1,4 @@
-//! `cargo xtask bench ...`: picks the benchmark, and launches the three that are examples of other crates
+//! `cargo xtask bench ...`: picks the benchmark, and launches the four that are examples of other crates
 //! (`fidelity`, fleet-demo's; `etcd`, the control crate's; `skew`, fleet-sim's; `peer-load`, fleet-router's). The router bench is in `router_bench.rs`, the peers bench in `peers.rs`,
 //! many routers over one fleet (`bench routers`) in `routers.rs`, P/D thresholds live and in the what-if
 //! (`bench pd`) in `pd_bench.rs`,

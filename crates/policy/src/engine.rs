@@ -531,14 +531,7 @@ impl Engine {
 
     /// The fresh peers' load on the replica in `slot`, summed; `None` when no fresh peer has a summary.
     fn peer_load_at(&self, slot: u32, now_ms: u64) -> Option<PeerLoad> {
-        let mut sum: Option<PeerLoad> = None;
-        for summary in self.peers.values() {
-            if self.peer_fresh(summary, now_ms) {
-                let load = summary.by_slot.get(slot as usize).copied().unwrap_or_default();
-                sum = Some(sum.unwrap_or_default().plus(load));
-            }
-        }
-        sum
+        self.peer_loads_by_slot(now_ms).map(|loads| loads.get(slot as usize).copied().unwrap_or_default())
     }
 
     /// This engine's own requests on each replica, as it would publish them for other routers (see

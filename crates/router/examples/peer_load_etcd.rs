@@ -25,6 +25,7 @@ use fleet_etcd::{EtcdClient, WatchEvent, WatchFrame};
 use fleet_policy::PeerLoad;
 use fleet_router::peer_load::{LEASE_TTL_S, LoadSummary, SharedPrompt};
 use fleet_test_support::etcd::EtcdServer;
+use fleet_test_support::process::cpu_seconds;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -43,17 +44,6 @@ fn flag<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result
             args.get(i + 1).and_then(|v| v.parse().ok()).with_context(|| format!("{name} needs a value"))
         }
     }
-}
-
-/// CPU seconds (user + system) process `pid` has used, from `/proc/PID/stat` (clock ticks of 1/100 s).
-fn cpu_seconds(pid: &str) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The fields after the command name (which may hold spaces) start after its closing parenthesis.
-    let rest = stat.rsplit_once(')').context("a /proc stat line")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 =
-        fields.get(11).context("utime")?.parse::<u64>()? + fields.get(12).context("stime")?.parse::<u64>()?;
-    Ok(ticks as f64 / 100.0)
 }
 
 /// Router `index`'s summary at `tick`, named `index@SENT_US` so a watcher can tell how late it came.

@@ -50,6 +50,23 @@ pub fn rss_bytes(pid: u32) -> Result<u64> {
     Ok(kib * 1024)
 }
 
+/// CPU seconds (user + system) process `pid` has used (`/proc/PID/stat`, `self` for this process; clock
+/// ticks of 1/100 s, Linux's `USER_HZ`): what benchmarks that report a program's CPU read.
+pub fn cpu_seconds(pid: &str) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+    // The fields after the command name (which may hold spaces) start after its closing parenthesis;
+    // utime and stime are the 12th and 13th of them.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |index: usize| fields.get(index).and_then(|field| field.parse::<u64>().ok());
+    let ticks = tick(11)
+        .zip(tick(12))
+        .map(|(user, system)| user + system)
+        .with_context(|| format!("no utime and stime in /proc/{pid}/stat"))?;
+    Ok(ticks as f64 / 100.0)
+}
+
 /// Open file descriptors of process `pid` (entries of `/proc/PID/fd`).
 pub fn open_fds(pid: u32) -> Result<usize> {
     Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))
