@@ -245,7 +245,10 @@ async fn routers_share_their_in_flight_load_through_etcd_and_forget_a_router_who
     assert_eq!(peer_names(&state), ["a"]);
     assert_eq!(state["peer_load"]["peers"][0]["counted"], true);
     assert_eq!(state["peer_load"]["key"], format!("{LOAD_PREFIX}b"));
-    assert_eq!(state["peer_load"]["connected"], true, "{state}");
+    // b's watcher can hear of a before b's own first write lands: connected means both have succeeded.
+    let state =
+        state_until(&b, "b's publisher and watcher to both succeed", |s| s["peer_load"]["connected"] == true)
+            .await?;
     assert!(state["peer_load"]["publish_error"].is_null() && state["peer_load"]["watch_error"].is_null());
     let metrics = http.get(format!("{}/metrics", b.url)).send().await?.text().await?;
     assert_eq!(metric(&metrics, "fleet_router_peer_routers"), Some(1.0), "{metrics}");
