@@ -13,8 +13,8 @@
 //! from one etcd (Debian's etcd-server, started by the bench on loopback) and publish their in-flight load
 //! per replica there (`--peer-load-prefix`), so each weighs the others' requests by their real size.
 //! FLEET_ROUTERS_PEER_LOAD=0 runs them without etcd (policy from a file, no shared load); a number sets
-//! `--peer-load-ms`. The approximate trees (cache_aware_approx, weighted_scorers' routed index) learn only
-//! from their own router's decisions: with 4 routers each sees a quarter of the prompts.
+//! `--peer-load-ms`. Without etcd the approximate trees (cache_aware_approx, weighted_scorers' routed index)
+//! learn only from their own router's decisions: with 4 routers each sees a quarter of the prompts.
 //!
 //! The workload is the `fleet-sim gen` trace of `bench peers` (tenants with hot system prompts, sessions, RAG
 //! documents) at 12 req/s, and the first requests of the Mooncake trace in `../shared/traces` when it is

@@ -272,12 +272,11 @@ impl PrefixIndex {
     /// For an index of prefix marks (see [`crate::prefix_marks`]): for every location, the last mark
     /// position of `prompt` whose hash it holds, raised into `matched` (a location keeps the larger of
     /// what `matched` had and this). Looks up only the mark positions and stops at the first no location
-    /// holds: a location holding a later mark of the same chain held this one too.
+    /// holds: a location holding a later mark of the same chain held this one too. Then it looks up the
+    /// positions between the last mark held and that one, where a prompt that ended between marks left
+    /// its last hash (at most an eighth of the prompt).
     pub(crate) fn match_marks_into(&self, prompt: &[u64], matched: &mut [u32]) {
-        for position in crate::prefix_marks::mark_positions(prompt.len()) {
-            let Some(holders) = self.members.get(prompt[position - 1]) else {
-                return;
-            };
+        let mut raise = |holders: &[u64], position: usize| {
             for (word, bits) in holders.iter().enumerate() {
                 let mut bits = *bits;
                 while bits != 0 {
@@ -287,6 +286,21 @@ impl PrefixIndex {
                     }
                     bits &= bits - 1;
                 }
+            }
+        };
+        let mut last_held = 0;
+        let mut first_unheld = prompt.len() + 1;
+        for position in crate::prefix_marks::mark_positions(prompt.len()) {
+            let Some(holders) = self.members.get(prompt[position - 1]) else {
+                first_unheld = position;
+                break;
+            };
+            raise(holders, position);
+            last_held = position;
+        }
+        for position in last_held + 1..first_unheld {
+            if let Some(holders) = self.members.get(prompt[position - 1]) {
+                raise(holders, position);
             }
         }
     }

@@ -19,7 +19,7 @@ const STALE_METRICS_MS: u64 = 10_000;
 const NAMES_PER_NOTE: usize = 8;
 
 /// "r1, r3" or "r1, ..., r8 and 40 more".
-fn name_list(names: &[ReplicaId]) -> String {
+pub(super) fn name_list(names: &[ReplicaId]) -> String {
     let mut text = names.iter().take(NAMES_PER_NOTE).map(ToString::to_string).collect::<Vec<_>>().join(", ");
     if names.len() > NAMES_PER_NOTE {
         text.push_str(&format!(" and {} more", names.len() - NAMES_PER_NOTE));

@@ -128,14 +128,17 @@ pub(super) fn fill_peer_routed(engine: &Engine, pick: &mut PickInProgress, view:
     if index.distinct_blocks() == 0 {
         return;
     }
+    let before = matches_now(pick);
     super::cache_aware::fill_matches_with(pick, index.location_count(), |matched| {
         index.match_marks_into(&view.block_hashes, matched)
     });
+    note_raised(pick, &before, "prompts other routers routed");
 }
 
 /// Raises each candidate's matched blocks to what the fresh peers' requests still in prefill will have
 /// cached there (`kv_precise`), as its own pending blocks do.
 pub(super) fn fill_peer_pending(engine: &Engine, pick: &mut PickInProgress, view: &RequestView) {
+    let mut before = None;
     for summary in engine.peers.values() {
         if summary.in_prefill.is_empty() || !engine.peer_fresh(summary, pick.now_ms) {
             continue;
@@ -143,9 +146,32 @@ pub(super) fn fill_peer_pending(engine: &Engine, pick: &mut PickInProgress, view
         for (slot, marks) in summary.in_prefill.values() {
             let shared = prefix_marks::shared_blocks(marks, &view.block_hashes) as u32;
             if shared > 0 {
+                before.get_or_insert_with(|| matches_now(pick));
                 raise_matches(pick, |candidate| if candidate == *slot { shared } else { 0 });
             }
         }
+    }
+    if let Some(before) = before {
+        note_raised(pick, &before, "other routers' requests still in prefill");
+    }
+}
+
+fn matches_now(pick: &PickInProgress) -> Vec<Option<u32>> {
+    pick.candidates.iter().map(|candidate| candidate.matched_blocks).collect()
+}
+
+/// Says which candidates' matches `source` raised, so that a pick made on another router's word reads
+/// as such in the decision log.
+fn note_raised(pick: &mut PickInProgress, before: &[Option<u32>], source: &str) {
+    let raised: Vec<ReplicaId> = pick
+        .candidates
+        .iter()
+        .zip(before)
+        .filter(|(candidate, before)| candidate.matched_blocks.unwrap_or(0) > before.unwrap_or(0))
+        .map(|(candidate, _)| candidate.replica)
+        .collect();
+    if !raised.is_empty() {
+        pick.notes.push(format!("{source} raised the match of {}", super::cache_aware::name_list(&raised)));
     }
 }
 
@@ -206,6 +232,13 @@ mod tests {
         // 40 is a mark position: the whole shared prefix counts, no more.
         assert_eq!(matched_at(&b, &follow_up, 2, 2), 40);
         assert_eq!(b.replica_status(ReplicaId(2)).expect("known").peer_prompt_marks, shared[0].marks.len());
+        // The next turn of a conversation whose last prompt ended between mark positions (45, between 44
+        // and 48) matches all of it, by that prompt's last hash; a prompt sharing less is rounded down.
+        a.on_routed(3, ReplicaId(1), &view(1_000..1_045), 3).expect("routed");
+        b.observe_peer_prompts("a", &a.take_routed_prompts(), &[], 3);
+        assert_eq!(matched_at(&b, &view((1_000..1_045).chain(600..650)), 3, 1), 45);
+        assert_eq!(matched_at(&b, &view((1_000..1_046).chain(600..650)), 3, 1), 45);
+        assert_eq!(matched_at(&b, &view((1_000..1_043).chain(600..650)), 3, 1), 40);
         // A prompt to a replica b does not know is skipped; removing the replica forgets its marks.
         let elsewhere = RoutedPrompt { request: 2, replica: ReplicaId(9), marks: vec![1, 2] };
         assert_eq!(b.observe_peer_prompts("a", &[elsewhere], &[], 3), 0);

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use fleet_policy::{
     Branch, Engine, KvEvent, Medium, PeerLoad, PolicySpec, ReplicaId, ReplicaMetrics, RequestView,
+    RoutedPrompt, prefix_marks,
 };
 use rand::{SeedableRng, rngs::StdRng};
 use serde::Deserialize;
@@ -37,12 +38,25 @@ struct Case {
     /// What other routers published of their requests, by router then replica (`set_peer_load`).
     #[serde(default)]
     peers: BTreeMap<String, BTreeMap<u32, PeerLoad>>,
+    /// Prompts other routers routed, by router (`observe_peer_prompts`, with their prefix marks).
+    #[serde(default)]
+    peer_prompts: BTreeMap<String, Vec<PeerPrompt>>,
     prompt: String,
     #[serde(default)]
     session: Option<String>,
     #[serde(default)]
     seed: u64,
     expect: Expect,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerPrompt {
+    replica: u32,
+    text: String,
+    /// Still in prefill by that router's word (what `kv_precise` counts).
+    #[serde(default)]
+    in_prefill: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,6 +117,20 @@ fn run(case: &Case) -> fleet_policy::Decision {
         let loads: Vec<(ReplicaId, PeerLoad)> =
             loads.iter().map(|(replica, load)| (ReplicaId(*replica), *load)).collect();
         engine.set_peer_load(peer, &loads, 0);
+    }
+    for (peer, prompts) in &case.peer_prompts {
+        let routed: Vec<RoutedPrompt> = (next_request..)
+            .zip(prompts)
+            .map(|(request, prompt)| RoutedPrompt {
+                request,
+                replica: ReplicaId(prompt.replica),
+                marks: prefix_marks::marks_of(&view_of(&prompt.text).block_hashes),
+            })
+            .collect();
+        let in_prefill: Vec<u64> =
+            routed.iter().zip(prompts).filter(|(_, p)| p.in_prefill).map(|(r, _)| r.request).collect();
+        engine.observe_peer_prompts(peer, &routed, &in_prefill, 0);
+        next_request += prompts.len() as u64;
     }
     for replica in &case.unhealthy {
         engine.set_health(ReplicaId(*replica), false).expect("known");
