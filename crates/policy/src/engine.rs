@@ -126,11 +126,6 @@ struct ReplicaState {
     routed_since_metrics: u64,
     /// Requests the metrics counted that completed since (the metrics still count them).
     completed_since_metrics: u64,
-    /// Requests the fresh peers had published here when the metrics were set (`None`: no fresh peer
-    /// then): the part of the reported load their summaries account for. Subtracting what they publish
-    /// *now* instead would count their requests that completed since the report twice, as theirs and as
-    /// unpublished (see [`Engine::foreign_blocks`]).
-    published_at_metrics: Option<u64>,
     kv_events: u64,
 }
 
@@ -147,7 +142,6 @@ impl ReplicaState {
             metrics_epoch: 0,
             routed_since_metrics: 0,
             completed_since_metrics: 0,
-            published_at_metrics: None,
             kv_events: 0,
         }
     }
@@ -437,19 +431,16 @@ impl Engine {
 
     /// The blocks of the requests other routers sent to a replica: what they published of them (`peer`,
     /// see [`Engine::set_peer_load`]), plus, for the requests its fresh metrics (the load it is `seen`
-    /// with) show beyond what they had published when the metrics were read, `weights` each. Routers that
-    /// publish are weighed by their own figures; only the rest (routers that do not publish) by the
-    /// average. The metrics are up to a read interval old: their requests that completed since are still
-    /// in them, and must not count again as someone else's.
+    /// with) show beyond those, `weights` each. Routers that publish are weighed by their own figures; only
+    /// the rest (routers that do not publish, or requests sent since their last summary) by the average.
     fn foreign_blocks(
         state: &ReplicaState,
         seen: Option<ReplicaMetrics>,
         weights: ForeignWeights,
         peer: Option<PeerLoad>,
     ) -> ForeignBlocks {
-        // With no fresh peer now, the reported requests count by the average again, whoever sent them.
-        let published = peer.map_or(0, |peer| state.published_at_metrics.unwrap_or(peer.requests)) as f64;
         let peer = peer.unwrap_or_default();
+        let published = peer.requests as f64;
         let unpublished = seen.map_or(ForeignBlocks::default(), |seen| {
             let (queued, running) = Self::foreign_requests(state, seen);
             let reported = queued + running;
@@ -532,14 +523,6 @@ impl Engine {
     ) -> Option<f64> {
         let reported = seen.map(|seen| u64::from(seen.queue_depth) + u64::from(seen.running));
         let published = peer.map(|peer| state.outstanding.saturating_add(peer.requests));
-        // The report still counts the peers' requests that completed since it was read: take it as what
-        // the peers publish now, not what they had published then.
-        let reported = match (reported, peer, state.published_at_metrics) {
-            (Some(reported), Some(peer), Some(then)) => {
-                Some(reported.saturating_sub(then).saturating_add(peer.requests))
-            }
-            (reported, ..) => reported,
-        };
         match (reported, published) {
             (None, None) => None,
             (reported, published) => Some(reported.unwrap_or(0).max(published.unwrap_or(0)) as f64),
@@ -714,11 +697,8 @@ impl Engine {
         metrics: ReplicaMetrics,
         now_ms: u64,
     ) -> Result<(), ObserveError> {
-        let slot = self.state_mut(replica)?.0;
-        let published = self.peer_load_at(slot, now_ms).map(|peer| peer.requests);
         let state = self.state_mut(replica)?.1;
         state.metrics = Some((metrics, now_ms));
-        state.published_at_metrics = published;
         state.metrics_epoch += 1;
         state.routed_since_metrics = 0;
         state.completed_since_metrics = 0;
@@ -1193,10 +1173,6 @@ mod tests {
             .set_metrics(ReplicaId(0), ReplicaMetrics { queue_depth: 4, running: 2, kv_usage: 0.5 }, 600)
             .expect("known");
         assert_eq!(pick(&engine, 610).candidates[0].seen_load, Some(6.0));
-        // The publishing router's three requests complete before the next read: the report still counts
-        // them, but as the three it had published when it was read, so 3 of the 6 remain.
-        engine.set_peer_load("router-b", &[(ReplicaId(0), PeerLoad::default())], 620);
-        assert_eq!(pick(&engine, 630).candidates[0].seen_load, Some(3.0));
         // weighted_scorers counts the published requests beyond the reported ones as queued there.
         let mut scored = Engine::new(PolicySpec::named("weighted_scorers"), &ids(2)).expect("valid");
         scored.set_metrics(ReplicaId(0), idle, 0).expect("known");
@@ -1294,15 +1270,9 @@ mod tests {
         let three_waiting = ReplicaMetrics { queue_depth: 3, ..two_waiting };
         engine.set_metrics(ReplicaId(0), three_waiting, 40).expect("known");
         assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 50, 4, 0.1), Some(3_004.0));
-        // The publishing router's two requests complete before the next read: the metrics still count
-        // them, but as the two it had published when they were read, not as anyone else's.
-        engine.set_peer_load("router-b", &[(ReplicaId(0), PeerLoad::default())], 55);
-        assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 56, 4, 0.1), Some(4.0));
         // Decode blocks weigh decode_wait_weight, as this engine's own.
         let decoding = PeerLoad { requests: 3, prefill_blocks: 0, decode_blocks: 200 };
         engine.set_peer_load("router-b", &[(ReplicaId(0), decoding)], 60);
-        let three_running = ReplicaMetrics { queue_depth: 0, running: 3, kv_usage: 0.1 };
-        engine.set_metrics(ReplicaId(0), three_running, 65).expect("known");
         assert_eq!(engine.expected_wait_blocks(ReplicaId(0), 70, 4, 0.1), Some(20.0));
         // kv_precise's cost counts it too: a prefix owner buried under another router's long prefills loses
         // the prompt.
