@@ -725,7 +725,14 @@ impl Engine {
             _ => &self.routed_index,
         };
         let slot = *self.slot_of.get(&replica).ok_or(ObserveError::UnknownReplica(replica))?;
-        let cached = cached_index.match_location(slot, &view.block_hashes) as u64;
+        let mut cached = cached_index.match_location(slot, &view.block_hashes) as u64;
+        if std::ptr::eq(cached_index, &self.routed_index) && learns {
+            // Where other routers sent this prefix, it is as cached as if this one had: without this, a
+            // request that follows another router's prompt counts as all prefill, and its replica looks
+            // busier to the load guard (and to the routers it is published to) than it is.
+            let by_peers = self.peer_routed_index.match_marks_location(slot, &view.block_hashes);
+            cached = cached.max(by_peers as u64);
+        }
         let prompt_blocks = view.block_hashes.len() as u64;
         let prefill_blocks = prompt_blocks.saturating_sub(cached);
         let (prefill, prompt) = (prefill_blocks as f64, prompt_blocks as f64);

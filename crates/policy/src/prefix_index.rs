@@ -305,6 +305,26 @@ impl PrefixIndex {
         }
     }
 
+    /// For an index of prefix marks: how many leading blocks of `prompt` one location is known to hold,
+    /// as [`PrefixIndex::match_marks_into`] finds for it (the last mark it holds, or further where a prompt
+    /// sent there ended between marks).
+    pub(crate) fn match_marks_location(&self, location: Location, prompt: &[u64]) -> usize {
+        let Some(held) = self.locations.get(location as usize) else {
+            return 0;
+        };
+        let holds = |position: usize| held.stamps.get(prompt[position - 1]).is_some();
+        let mut last_held = 0;
+        let mut first_unheld = prompt.len() + 1;
+        for position in crate::prefix_marks::mark_positions(prompt.len()) {
+            if !holds(position) {
+                first_unheld = position;
+                break;
+            }
+            last_held = position;
+        }
+        (last_held + 1..first_unheld).rev().find(|&position| holds(position)).unwrap_or(last_held)
+    }
+
     /// How many leading blocks of `prompt` one location holds consecutively.
     pub fn match_location(&self, location: Location, prompt: &[u64]) -> usize {
         let Some(held) = self.locations.get(location as usize) else {
@@ -416,6 +436,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn marks_match_one_location_as_they_match_all() {
+        use crate::prefix_marks::marks_of;
+        let prompt: Vec<u64> = (0..100).collect();
+        let mut index = PrefixIndex::new(1_000);
+        index.insert(0, &marks_of(&prompt[..45])); // ends between the marks 44 and 48
+        index.insert(2, &marks_of(&prompt[..30]));
+        index.insert(2, &marks_of(&[7, 8, 9]));
+        let mut all = vec![0; 3];
+        index.match_marks_into(&prompt, &mut all);
+        assert_eq!(all, [45, 0, 30]);
+        let one: Vec<usize> = (0..4).map(|location| index.match_marks_location(location, &prompt)).collect();
+        assert_eq!(one, [45, 0, 30, 0]);
+        assert_eq!(index.match_marks_location(0, &prompt[..44]), 44);
     }
 
     #[test]

@@ -231,6 +231,14 @@ mod tests {
         assert_eq!((after.replica, after.branch), (ReplicaId(2), Branch::Cache), "{}", after.reason);
         // 40 is a mark position: the whole shared prefix counts, no more.
         assert_eq!(matched_at(&b, &follow_up, 2, 2), 40);
+        // Routed there, it counts as 20 blocks to prefill, not 60: its replica is no busier to b's load
+        // guard, or to the routers b publishes its load to, than it would be to a.
+        b.on_routed(9, ReplicaId(2), &follow_up, 2).expect("routed");
+        let load_at = |engine: &Engine, replica| {
+            engine.own_load().into_iter().find(|(id, _)| *id == replica).expect("known").1
+        };
+        assert_eq!(load_at(&b, ReplicaId(2)).prefill_blocks, 20);
+        b.on_completed(9, 2).expect("outstanding");
         assert_eq!(b.replica_status(ReplicaId(2)).expect("known").peer_prompt_marks, shared[0].marks.len());
         // The next turn of a conversation whose last prompt ended between mark positions (45, between 44
         // and 48) matches all of it, by that prompt's last hash; a prompt sharing less is rounded down.
