@@ -327,8 +327,12 @@ impl FromStr for PolicySpec {
         check_spec_text(text.as_bytes())?;
         let is_json = text.trim_start().starts_with('{');
         let document: Value = if is_json {
-            serde_json::from_str(text)
-                .map_err(|error| SpecError::Parse { format: "JSON", message: error.to_string() })?
+            // A YAML flow mapping (`{policy: least_load}`) opens with a brace too: JSON's error stands
+            // only when the text is not YAML either.
+            serde_json::from_str(text).or_else(|error| {
+                serde_norway::from_str(text)
+                    .map_err(|_| SpecError::Parse { format: "JSON", message: error.to_string() })
+            })?
         } else {
             serde_norway::from_str(text)
                 .map_err(|error| SpecError::Parse { format: "YAML", message: error.to_string() })?
@@ -1307,6 +1311,9 @@ mod tests {
         let error = "schema_version: 2\npolicy: random\n".parse::<PolicySpec>().expect_err("version");
         assert_eq!(error, SpecError::UnsupportedSchemaVersion { found: 2 });
         assert!(matches!("{".parse::<PolicySpec>(), Err(SpecError::Parse { format: "JSON", .. })));
+        // A YAML flow mapping opens with a brace as JSON does, and is a spec all the same.
+        let flow = "{policy: least_load, params: {load_metric: requests}}".parse::<PolicySpec>();
+        assert_eq!(flow, Ok(PolicySpec::named("least_load").with("load_metric", "requests")));
         assert_eq!("params: {}\n".parse::<PolicySpec>(), Err(SpecError::MissingPolicy));
         let error = PolicySpec::named("weighted_scorers")
             .with("prefix_weight", 0)
