@@ -270,13 +270,13 @@ impl PrefixIndex {
     }
 
     /// For an index of prefix marks (see [`crate::prefix_marks`]): for every location, the last mark
-    /// position of `prompt` whose hash it holds, raised into `matched` (a location keeps the larger of
-    /// what `matched` had and this). Looks up only the mark positions and stops at the first no location
-    /// holds: a location holding a later mark of the same chain held this one too. Then it looks up the
-    /// positions between the last mark held and that one, where a prompt that ended between marks left
-    /// its last hash (at most an eighth of the prompt).
+    /// position of `prompt` whose hash it holds, raised into `matched` (zeroed by the caller). Looks up
+    /// only the mark positions and stops at the first no location holds: a location holding a later mark
+    /// of the same chain held this one too. Then, after each location's last mark, it looks up the
+    /// positions before the next, where a prompt that ended between marks left its last hash (at most an
+    /// eighth of the prompt per distinct last mark).
     pub(crate) fn match_marks_into(&self, prompt: &[u64], matched: &mut [u32]) {
-        let mut raise = |holders: &[u64], position: usize| {
+        fn raise(matched: &mut [u32], holders: &[u64], position: usize) {
             for (word, bits) in holders.iter().enumerate() {
                 let mut bits = *bits;
                 while bits != 0 {
@@ -287,20 +287,22 @@ impl PrefixIndex {
                     bits &= bits - 1;
                 }
             }
-        };
-        let mut last_held = 0;
-        let mut first_unheld = prompt.len() + 1;
-        for position in crate::prefix_marks::mark_positions(prompt.len()) {
-            let Some(holders) = self.members.get(prompt[position - 1]) else {
-                first_unheld = position;
-                break;
-            };
-            raise(holders, position);
-            last_held = position;
         }
-        for position in last_held + 1..first_unheld {
-            if let Some(holders) = self.members.get(prompt[position - 1]) {
-                raise(holders, position);
+        for position in crate::prefix_marks::mark_positions(prompt.len()) {
+            let Some(holders) = self.members.get(prompt[position - 1]) else { break };
+            raise(matched, holders, position);
+        }
+        // The locations' last marks, each once (a location with none holds no prompt sharing block 1).
+        let mut last_marks: Vec<u32> = matched.iter().copied().filter(|&last| last > 0).collect();
+        last_marks.sort_unstable();
+        last_marks.dedup();
+        for last in last_marks {
+            let last = last as usize;
+            let next = crate::prefix_marks::next_mark_position(last).unwrap_or(usize::MAX);
+            for position in last + 1..next.min(prompt.len() + 1) {
+                if let Some(holders) = self.members.get(prompt[position - 1]) {
+                    raise(matched, holders, position);
+                }
             }
         }
     }
@@ -452,6 +454,12 @@ mod tests {
         let one: Vec<usize> = (0..4).map(|location| index.match_marks_location(location, &prompt)).collect();
         assert_eq!(one, [45, 0, 30, 0]);
         assert_eq!(index.match_marks_location(0, &prompt[..44]), 44);
+        // Another location holding more of the prompt does not hide the first one's last hash.
+        index.insert(1, &marks_of(&prompt[..90]));
+        let mut all = vec![0; 3];
+        index.match_marks_into(&prompt, &mut all);
+        assert_eq!(all, [45, 90, 30]);
+        assert_eq!(index.match_marks_location(0, &prompt), 45);
     }
 
     #[test]

@@ -21,11 +21,14 @@ const MARK_SIGNIFICANT_BITS: u32 = 4;
 
 /// The mark positions (1-based block counts) of a prompt of `blocks` blocks, in increasing order.
 pub fn mark_positions(blocks: usize) -> impl Iterator<Item = usize> {
-    std::iter::successors(Some(1usize), |&position| {
-        let bits = usize::BITS - position.leading_zeros();
-        position.checked_add(1 << bits.saturating_sub(MARK_SIGNIFICANT_BITS))
-    })
-    .take_while(move |&position| position <= blocks)
+    std::iter::successors(Some(1usize), |&position| next_mark_position(position))
+        .take_while(move |&position| position <= blocks)
+}
+
+/// The mark position after `position` (itself a mark position), or `None` past `usize::MAX`.
+pub(crate) fn next_mark_position(position: usize) -> Option<usize> {
+    let bits = usize::BITS - position.leading_zeros();
+    position.checked_add(1 << bits.saturating_sub(MARK_SIGNIFICANT_BITS))
 }
 
 /// Whether `position` (a 1-based block count) is a mark position; 0 counts as one (it has no blocks).
