@@ -175,6 +175,7 @@ fn start_server(vllm: &Vllm, dir: &Path, index: usize) -> Result<Server> {
         ])
         .args(["--max-num-batched-tokens", &MAX_BATCHED_TOKENS.to_string()])
         .args(["--enable-prompt-tokens-details", "--kv-events-config", &kv_events])
+        .env("PYTHONPATH", crate::vllm::sitecustomize_dir(vllm)?)
         .env("VLLM_SERVER_DEV_MODE", "1")
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
         .env("VLLM_CPU_OMP_THREADS_BIND", "nobind")

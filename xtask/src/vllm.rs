@@ -160,3 +160,20 @@ fn check_import(python: &Path) -> Result<()> {
         String::from_utf8_lossy(&out.stderr).lines().rev().take(8).collect::<Vec<_>>().join("\n")
     ))
 }
+
+/// A folder holding the `sitecustomize.py` fleetdeck's vLLM servers run with (the test servers' own file,
+/// `crates/test-support/vllm/sitecustomize.py`: vLLM's workers wait for a step instead of spinning a core
+/// for a second after each one), for a server's PYTHONPATH; written beside the venv when it differs.
+pub fn sitecustomize_dir(vllm: &Vllm) -> Result<PathBuf> {
+    const TEXT: &str = include_str!("../../crates/test-support/vllm/sitecustomize.py");
+    let dir = vllm.dir.join("venv/fleetdeck-site");
+    let file = dir.join("sitecustomize.py");
+    if fs::read_to_string(&file).ok().as_deref() != Some(TEXT) {
+        fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        // Through a rename, so that a test server starting meanwhile never reads half a file.
+        let partial = dir.join(format!("sitecustomize.py.{}", std::process::id()));
+        fs::write(&partial, TEXT).map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+        fs::rename(&partial, &file).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    }
+    Ok(dir)
+}

@@ -63,6 +63,26 @@ fn build_in(dir: &Path) -> Option<VllmBuild> {
     Some(VllmBuild { python, model })
 }
 
+/// The `sitecustomize.py` every server here runs with: vLLM's workers wait for a step instead of spinning a
+/// core for a second after each one (the file says why and how).
+pub const VLLM_SITECUSTOMIZE: &str = include_str!("../vllm/sitecustomize.py");
+
+/// A folder holding [`VLLM_SITECUSTOMIZE`] as `sitecustomize.py`, for a server's PYTHONPATH: beside the venv,
+/// rewritten (through a rename, so that servers starting at once never read half a file) when it differs.
+pub fn sitecustomize_dir(build: &VllmBuild) -> Result<PathBuf> {
+    let venv =
+        build.python.parent().and_then(Path::parent).context("the venv's python has no venv folder")?;
+    let dir = venv.join("fleetdeck-site");
+    let file = dir.join("sitecustomize.py");
+    if std::fs::read_to_string(&file).ok().as_deref() != Some(VLLM_SITECUSTOMIZE) {
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let partial = tempfile::NamedTempFile::new_in(&dir)?;
+        std::fs::write(partial.path(), VLLM_SITECUSTOMIZE)?;
+        partial.persist(&file).with_context(|| format!("cannot write {}", file.display()))?;
+    }
+    Ok(dir)
+}
+
 /// How a test's servers are sized: small, so two run beside each other on two cores.
 #[derive(Debug, Clone)]
 pub struct VllmOptions {
@@ -211,6 +231,7 @@ async fn start(
         .args(["--enable-prefix-caching", "--block-size", &VLLM_BLOCK_SIZE.to_string()])
         .args(["--max-num-seqs", &options.max_num_seqs.to_string(), "--enable-prompt-tokens-details"])
         .args(["--kv-events-config", &kv_events])
+        .env("PYTHONPATH", sitecustomize_dir(&build)?)
         .env("VLLM_CPU_KVCACHE_SPACE", options.kv_cache_gib.to_string())
         .env("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         .env("HF_HUB_OFFLINE", "1")
