@@ -32,7 +32,7 @@ pub struct FleetArgs {
     /// Replay this many times faster than the trace's timestamps.
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
-    /// Seed of the policy's random draws.
+    /// Seed of the policy's random draws (and of each request's draw of the profile's extra latency).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Feed replicas' metrics (queue, running, KV usage) to the policy every MS virtual milliseconds, as a
@@ -88,6 +88,10 @@ pub struct ReplayArgs {
     /// Policy spec file (YAML or JSON), as the router's admin API takes it.
     #[arg(long)]
     pub policy_file: Option<PathBuf>,
+    /// Also write every request's outcome (index, replica, prompt and cached tokens, TTFT) to FILE as JSON
+    /// Lines, in arrival order: to set a replay beside a live recording request by request.
+    #[arg(long, value_name = "FILE")]
+    pub requests_out: Option<PathBuf>,
 }
 
 /// `fleet-sim compare`.
@@ -201,12 +205,27 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
         (None, None) => bail!("give --policy NAME or --policy-file FILE"),
     };
     let report = replay::replay(&trace, &config, ReplayControl::default())?;
+    if let Some(path) = &args.requests_out {
+        write_requests(path, &report.per_request)?;
+    }
     if args.fleet.json {
         print_json(&report)
     } else {
         write!(std::io::stdout().lock(), "{}", replay::format_report(&report))?;
         Ok(())
     }
+}
+
+/// Writes `--requests-out`: one JSON object per line.
+fn write_requests(path: &Path, requests: &[replay::RequestReport]) -> Result<()> {
+    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = BufWriter::new(file);
+    for request in requests {
+        serde_json::to_writer(&mut out, request)?;
+        writeln!(out)?;
+    }
+    out.flush().with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
 }
 
 /// Runs `fleet-sim compare`.

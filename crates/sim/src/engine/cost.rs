@@ -120,6 +120,9 @@ impl CostProfile {
     }
 }
 
+/// The largest draw [`Profile::extra_latency_us`] takes: ten minutes (a larger figure is a unit mistake).
+pub const MAX_EXTRA_LATENCY_US: u64 = 600_000_000;
+
 /// A named preset: engine limits, KV capacity and step cost for one model on one machine.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -140,6 +143,14 @@ pub struct Profile {
     pub max_num_batched_tokens: u32,
     /// Step cost figures.
     pub cost: CostProfile,
+    /// Latency a request sees beyond the engine model, in microseconds, as an empirical sample: its
+    /// server's API frontend (templating, tokenizing), the network and, where servers share a host's
+    /// cores, the wait for one. A replay adds one draw to each request's TTFT and end-to-end time; it does
+    /// not delay the engine's work. Empty (the default, and the built-in profiles'): none.
+    /// `cargo xtask bench real --engine vllm` fits it from a live row, request by request (the client's
+    /// TTFT less the model's for the same request, placed on the same server).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_latency_us: Vec<u64>,
     /// Where each figure comes from (free text per figure; the YAML comments carry the detail).
     #[serde(default)]
     pub sources: Vec<String>,
@@ -166,6 +177,15 @@ impl Profile {
             if value == 0 {
                 return Err(ProfileError { field, value: "0".into(), fix: "use a positive number".into() });
             }
+        }
+        if let Some(&far) = profile.extra_latency_us.iter().find(|&&us| us > MAX_EXTRA_LATENCY_US) {
+            return Err(ProfileError {
+                field: "extra_latency_us",
+                value: far.to_string(),
+                fix: format!(
+                    "each draw is microseconds added to one request, at most {MAX_EXTRA_LATENCY_US} (10 minutes)"
+                ),
+            });
         }
         Ok(profile)
     }
@@ -250,6 +270,18 @@ mod tests {
         let cost = Profile::builtin(DEFAULT_PROFILE).expect("builtin").cost;
         assert!(cost.step_time(&[(0, 2048)], 0, 0) > cost.step_time(&[(0, 1024)], 0, 0));
         assert!(cost.step_time(&[(64_000, 1024)], 0, 0) > cost.step_time(&[(0, 1024)], 0, 0));
+    }
+
+    #[test]
+    fn a_profile_takes_an_extra_latency_sample_and_names_a_draw_out_of_range() {
+        let text = BUILTIN_PROFILES[0].1;
+        assert!(Profile::parse(text).expect("builtin").extra_latency_us.is_empty());
+        let with = format!("{text}\nextra_latency_us: [1500, 2500, 90000]\n");
+        assert_eq!(Profile::parse(&with).expect("parses").extra_latency_us, vec![1500, 2500, 90_000]);
+        let far = format!("{text}\nextra_latency_us: [1500, {}]\n", MAX_EXTRA_LATENCY_US + 1);
+        let err = Profile::parse(&far).expect_err("over ten minutes");
+        assert_eq!(err.field, "extra_latency_us");
+        assert!(err.to_string().contains("microseconds"), "{err}");
     }
 
     #[test]

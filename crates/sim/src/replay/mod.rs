@@ -23,7 +23,7 @@ use routers::Routers;
 
 pub use pd::{PdReplay, PdReport};
 pub use prepare::{PreparedRequest, PreparedTrace, prepare};
-pub use report::{ReplayReport, ReplicaReport, format_comparison, format_report};
+pub use report::{ReplayReport, ReplicaReport, RequestReport, format_comparison, format_report};
 
 use crate::engine::{
     EngineConfig, EngineEvent, EngineModel, EngineRequest, KvEventKind, Micros, Profile, Prompt,
@@ -325,10 +325,28 @@ pub fn replay(
         let end = outcomes.iter().filter_map(|o| o.finished).max().unwrap_or(0);
         progress(Progress { routed: total, total, virtual_s: end as f64 / 1e6 });
     }
+    add_extra_latency(&mut outcomes, &config.profile.extra_latency_us, config.seed);
     let pooled = pooled::reference(trace, u64::from(capacity) * u64::from(config.replicas), &engine_config);
     let mut report = report::build(&outcomes, &engines, pooled);
     report.pd = prefill.map(|prefill| prefill.report(&outcomes));
     Ok(report)
+}
+
+/// Adds one draw of the profile's extra latency ([`Profile::extra_latency_us`]) to each request's first token
+/// and completion, after the engines ran: it is time the client waits that the engine's schedule does not
+/// see. Drawn in arrival order from the replay's seed, so a replay repeats and other seeds give the spread.
+fn add_extra_latency(outcomes: &mut [Outcome], sample: &[u64], seed: u64) {
+    use rand::{Rng, SeedableRng};
+    if sample.is_empty() {
+        return;
+    }
+    // Its own stream: the policy's draws stay what they are without the extra latency.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x6578_7472_615f_6c61);
+    for outcome in outcomes {
+        let extra = sample[rng.random_range(0..sample.len())];
+        outcome.first_token = outcome.first_token.map(|at| at + extra);
+        outcome.finished = outcome.finished.map(|at| at + extra);
+    }
 }
 
 /// Feeds one engine event to the policy and the outcome table.

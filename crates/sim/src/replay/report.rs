@@ -29,6 +29,20 @@ pub struct ReplicaReport {
     pub ttft_p95_s: f64,
 }
 
+/// One request of the replay, in arrival order (`fleet-sim replay --requests-out`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RequestReport {
+    /// Its index in the trace (arrival order).
+    pub index: u64,
+    /// The replica it went to (the decode replica in a P/D replay).
+    pub replica: u32,
+    /// Its prompt tokens, and those served from the prefix cache.
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    /// Time to its first token in seconds, the profile's extra latency included (`None`: never started).
+    pub ttft_s: Option<f64>,
+}
+
 /// The replay report. Its JSON has exactly these keys at top level.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReplayReport {
@@ -59,6 +73,10 @@ pub struct ReplayReport {
     /// A P/D replay's split decisions and legs (absent otherwise, and from the JSON then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pd: Option<super::PdReport>,
+    /// Every request, in arrival order; not in the JSON (a long trace would bury the figures), written by
+    /// `--requests-out`.
+    #[serde(skip)]
+    pub per_request: Vec<RequestReport>,
 }
 
 /// The report's TTFT quantile of sorted values: nearest rank, the definition the canary judges live TTFT by,
@@ -140,6 +158,17 @@ pub(super) fn build(
         unqueued_ttft_p95_s: pooled.unqueued_ttft_p95_s,
         per_replica: per,
         pd: None,
+        per_request: outcomes
+            .iter()
+            .enumerate()
+            .map(|(index, outcome)| RequestReport {
+                index: index as u64,
+                replica: outcome.replica,
+                prompt_tokens: outcome.prompt_tokens,
+                cached_tokens: outcome.cached_tokens,
+                ttft_s: outcome.first_token.map(|first| seconds(first - outcome.arrival)),
+            })
+            .collect(),
     }
 }
 

@@ -360,10 +360,34 @@ fn the_commands_generate_replay_and_compare_a_trace() {
     assert_eq!(text.lines().count(), 600);
     fleet_trace::read_trace(text.as_bytes()).expect("a valid Mooncake trace");
 
-    let out =
-        fleet_sim(&["replay", "--trace", trace_arg, "--replicas", "4", "--policy", "kv_precise", "--json"]);
+    let requests_out = dir.path().join("requests.jsonl");
+    let out = fleet_sim(&[
+        "replay",
+        "--trace",
+        trace_arg,
+        "--replicas",
+        "4",
+        "--policy",
+        "kv_precise",
+        "--json",
+        "--requests-out",
+        requests_out.to_str().expect("utf-8"),
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    // One line per request, in arrival order, each on one of the 4 replicas.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&requests_out)
+        .expect("written")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 600);
+    for (index, line) in lines.iter().enumerate() {
+        assert_eq!(line["index"], index);
+        assert!(line["replica"].as_u64().expect("replica") < 4);
+        assert!(line["cached_tokens"].as_u64() <= line["prompt_tokens"].as_u64());
+        assert!(line["ttft_s"].as_f64().expect("every request started") > 0.0);
+    }
     let keys: BTreeSet<&str> = report.as_object().expect("object").keys().map(String::as_str).collect();
     let expected: BTreeSet<&str> = [
         "requests",
@@ -423,6 +447,58 @@ fn the_commands_generate_replay_and_compare_a_trace() {
     let out = fleet_sim(&["replay", "--trace", trace_arg, "--policy", "no_such_policy"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_policy"));
+}
+
+#[test]
+fn a_profiles_extra_latency_adds_one_draw_to_each_request_and_moves_no_placement() {
+    let prepared = replay::prepare(&generated(300), None, 1.0).expect("prepared");
+    let config = ReplayConfig::new(4, PolicySpec::named("cache_aware_approx"));
+    let run =
+        |config: &ReplayConfig| replay::replay(&prepared, config, ReplayControl::default()).expect("ran");
+    let base = run(&config);
+
+    // A constant draw: every TTFT grows by exactly it, and nothing the engines or the policy did changes.
+    let mut constant = config.clone();
+    constant.profile.extra_latency_us = vec![40_000];
+    let shifted = run(&constant);
+    assert_eq!(shifted.hit_rate, base.hit_rate);
+    assert_eq!(
+        shifted.per_replica.iter().map(|r| r.requests).collect::<Vec<_>>(),
+        base.per_replica.iter().map(|r| r.requests).collect::<Vec<_>>()
+    );
+    assert_eq!(shifted.per_request.len(), 300);
+    for (with, without) in shifted.per_request.iter().zip(&base.per_request) {
+        assert_eq!(with.replica, without.replica);
+        let added = with.ttft_s.expect("started") - without.ttft_s.expect("started");
+        assert!((added - 0.040).abs() < 1e-9, "request {}: {added} s added", with.index);
+    }
+
+    // A sample: each request draws one of its values, the same ones for the same seed, others for another.
+    let mut sampled = config.clone();
+    sampled.profile.extra_latency_us = vec![0, 100_000];
+    let added = |report: &replay::ReplayReport| -> Vec<u64> {
+        report
+            .per_request
+            .iter()
+            .zip(&base.per_request)
+            .map(|(with, without)| {
+                ((with.ttft_s.expect("started") - without.ttft_s.expect("started")) * 1e6).round() as u64
+            })
+            .collect()
+    };
+    let draws = added(&run(&sampled));
+    assert!(draws.iter().all(|us| *us == 0 || *us == 100_000), "{draws:?}");
+    let long = draws.iter().filter(|us| **us > 0).count();
+    assert!((100..=200).contains(&long), "{long} of 300 drew 100 ms");
+    assert_eq!(added(&run(&sampled)), draws, "the same seed draws the same");
+    let mut other_seed = sampled.clone();
+    other_seed.seed = 2;
+    let other = run(&other_seed);
+    // The seed also moves the policy's draws; where placement is the same, the draws differ somewhere.
+    assert_ne!(
+        other.per_request.iter().map(|r| r.ttft_s).collect::<Vec<_>>(),
+        run(&sampled).per_request.iter().map(|r| r.ttft_s).collect::<Vec<_>>()
+    );
 }
 
 /// A policy spec with `pd:` thresholds.
