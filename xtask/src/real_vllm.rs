@@ -433,10 +433,8 @@ fn fidelity(bin: &Path, dir: &Path, round_robin: &Counters, rows: &[(String, Row
     replay("round_robin", 1, Some(&modelled))?;
     let extra = extra_latency_us(&recorded, &modelled)?;
     write_profile(&extra)?;
-    let quantile = |q: f64| {
-        let rank = ((q * extra.len() as f64).ceil() as usize).clamp(1, extra.len().max(1));
-        extra.get(rank - 1).map_or(0.0, |us| *us as f64 / 1e3)
-    };
+    let extra_ms: Vec<f64> = extra.iter().map(|us| *us as f64 / 1e3).collect();
+    let quantile = |q: f64| fleet_base::quantile::nearest_rank(&extra_ms, q).unwrap_or(0.0);
     println!(
         "\nwhat-if of round_robin's recording (profile fitted from vLLM's counters: {step_us:.0} us a decode step, \
          {prefill_token_us:.1} us a computed prompt token; beyond the engine model, request by request, p50 \
