@@ -108,10 +108,11 @@ pub fn run_routers() -> Result<()> {
                         started.elapsed().as_secs_f64()
                     );
                     let fleet = peers::start_fleet(&bin, &dir)?;
-                    // Each row has keys of its own: no router of an earlier row is heard from.
+                    // Each row and run has keys of its own: no router of an earlier row is heard from.
                     let shared = match &etcd {
                         Some(etcd) if !policy.starts_with("smg:") => {
-                            let row = format!("/fleetdeck/bench-routers/{}-{policy}-{count}/", workload.name);
+                            let row =
+                                format!("/fleetdeck/bench-routers/{}-{policy}-{count}-{run}/", workload.name);
                             etcd.put(&format!("{row}policy"), &format!(r#"{{"policy": "{policy}"}}"#))?;
                             Some(Shared { etcd: etcd.url.clone(), row, peer_load_ms })
                         }
