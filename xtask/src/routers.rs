@@ -332,14 +332,12 @@ fn print_table(workloads: &[Workload], policies: &[String], counts: &[usize], ru
                 // The goal bounds the loss: more hits or a lower p95 with 4 routers meets it.
                 let met = delta >= -2.0 && ratio <= 1.15;
                 let each = if deltas.len() > 1 {
-                    let list = |values: &[f64], unit: &str, digits: usize| {
-                        values.iter().map(|v| format!("{v:+.digits$}{unit}")).collect::<Vec<_>>().join(", ")
-                    };
+                    let join = |cells: Vec<String>| cells.join(", ");
                     format!(
                         " (median of {} runs; runs: {} / {})",
                         deltas.len(),
-                        list(&deltas, " pt", 1),
-                        list(&ratios, "x", 2).replace('+', "")
+                        join(deltas.iter().map(|d| format!("{d:+.1} pt")).collect()),
+                        join(ratios.iter().map(|r| format!("{r:.2}x")).collect())
                     )
                 } else {
                     String::new()

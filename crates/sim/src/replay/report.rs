@@ -36,8 +36,9 @@ pub struct RequestReport {
     pub index: u64,
     /// The replica it went to (the decode replica in a P/D replay).
     pub replica: u32,
-    /// Its prompt tokens, and those served from the prefix cache.
+    /// Its prompt tokens.
     pub prompt_tokens: u32,
+    /// Of those, served from the replica's prefix cache.
     pub cached_tokens: u32,
     /// Time to its first token in seconds, the profile's extra latency included (`None`: never started).
     pub ttft_s: Option<f64>,
