@@ -126,6 +126,10 @@ pub fn run_real_vllm() -> Result<()> {
     drop(warm_guard);
     // Its recording is not round_robin's row: the what-if replays that one.
     let _ = fs::remove_file(dir.join("round_robin.recorded.jsonl"));
+    // The engines' cost alone and the host's contention, for the what-if (after the warm-up, so the
+    // kernels are warm).
+    println!("\n== probe: cold requests alone, then bursts on 1..{SERVERS} servers at once");
+    let probe = probe(&urls)?;
     let mut rows = Vec::new();
     for router in &routers {
         let name = router.name();
@@ -146,7 +150,7 @@ pub fn run_real_vllm() -> Result<()> {
     let table: Vec<(String, Row)> = rows.iter().map(|(n, r, _)| (n.clone(), r.clone())).collect();
     print_table(&table, &workload);
     if let Some((_, _, used)) = rows.iter().find(|(n, _, _)| n == "fleet-router round_robin") {
-        fidelity(&bin, &dir, used, &table)?;
+        fidelity(&bin, &dir, &probe, used, &table)?;
     }
     println!("\nwhole run: {:.0} s; logs in {}", started.elapsed().as_secs_f64(), dir.display());
     Ok(())
@@ -215,7 +219,9 @@ struct Counters {
     prompt_tokens: f64,
     cached_tokens: f64,
     generation_tokens: f64,
-    /// Seconds from a request's scheduling to its first token, and from there to its last.
+    /// Seconds from a request's arrival to its scheduling, from there to its first token, and from there
+    /// to its last.
+    queue_seconds: f64,
     prefill_seconds: f64,
     decode_seconds: f64,
     requests: f64,
@@ -228,6 +234,7 @@ impl std::ops::Sub for Counters {
             prompt_tokens: self.prompt_tokens - before.prompt_tokens,
             cached_tokens: self.cached_tokens - before.cached_tokens,
             generation_tokens: self.generation_tokens - before.generation_tokens,
+            queue_seconds: self.queue_seconds - before.queue_seconds,
             prefill_seconds: self.prefill_seconds - before.prefill_seconds,
             decode_seconds: self.decode_seconds - before.decode_seconds,
             requests: self.requests - before.requests,
@@ -242,6 +249,7 @@ fn counters(urls: &[String]) -> Result<Counters> {
         sums.prompt_tokens += metric_any_labels(&text, "vllm:prompt_tokens_total");
         sums.cached_tokens += metric_any_labels(&text, "vllm:prompt_tokens_cached_total");
         sums.generation_tokens += metric_any_labels(&text, "vllm:generation_tokens_total");
+        sums.queue_seconds += metric_any_labels(&text, "vllm:request_queue_time_seconds_sum");
         sums.prefill_seconds += metric_any_labels(&text, "vllm:request_prefill_time_seconds_sum");
         sums.decode_seconds += metric_any_labels(&text, "vllm:request_decode_time_seconds_sum");
         sums.requests += metric_any_labels(&text, "vllm:request_prefill_time_seconds_count");
@@ -366,24 +374,182 @@ fn print_table(rows: &[(String, Row)], workload: &Workload) {
     }
 }
 
-/// The what-if against the live rows. An engine profile is fitted from vLLM's own counters over the
-/// round_robin row (a flat cost per computed prompt token, one per decode step), and what the engine model
-/// leaves out from that row's requests one by one: each one's client TTFT less the replay's for it (the
-/// same request on the same server), as the profile's `extra_latency_us` sample (the API server's
-/// templating and tokenizing, the HTTP hops, three servers' wait for two cores). Then `fleet-sim replay` of
-/// that row's recorded traffic under each of fleet-router's policies, with 8 seeds (each request draws its
-/// extra latency), printed beside what they measured live. The goal (issue 34): within 2 points of hit rate
-/// and 15 % of TTFT p95, judged on the seeds' median.
-fn fidelity(bin: &Path, dir: &Path, round_robin: &Counters, rows: &[(String, Row)]) -> Result<()> {
-    let computed = (round_robin.prompt_tokens - round_robin.cached_tokens).max(1.0);
-    let decode_steps = (round_robin.generation_tokens - round_robin.requests).max(1.0);
-    let step_us = round_robin.decode_seconds * 1e6 / decode_steps;
-    let prefill_token_us =
-        ((round_robin.prefill_seconds * 1e6 - round_robin.requests * step_us) / computed).max(0.1);
-    let profile_yaml = |extra_latency_us: &[u64]| {
-        format!(
-            "# Fitted by `cargo xtask bench real --engine vllm` from vLLM's counters over its round_robin row:\n\
-             # {:.0} prompt tokens computed in {:.2} s of prefill, {:.0} decode steps in {:.2} s.\n\
+/// The engine cost of a fitted profile, in microseconds: one per step, one per computed prompt token.
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    step_us: f64,
+    prefill_token_us: f64,
+}
+
+impl Fit {
+    /// The closed form of vLLM's counters over requests that each ran alone: decode seconds over decode
+    /// steps, then prefill seconds less one step a request over the prompt tokens computed.
+    fn of(counters: &Counters) -> Fit {
+        let computed = (counters.prompt_tokens - counters.cached_tokens).max(1.0);
+        let decode_steps = (counters.generation_tokens - counters.requests).max(1.0);
+        let step_us = (counters.decode_seconds * 1e6 / decode_steps).max(1.0);
+        let prefill_token_us =
+            ((counters.prefill_seconds * 1e6 - counters.requests * step_us) / computed).max(0.1);
+        Fit { step_us, prefill_token_us }
+    }
+}
+
+/// The share of a row's engine time vLLM may count as queued for the row's residuals to be the profile's
+/// extra-latency sample (see [`fidelity`]).
+const QUEUED_SHARE: f64 = 0.01;
+
+/// Cold requests the probe sends one at a time (four per server).
+const PROBE_REQUESTS: usize = 4 * SERVERS;
+/// Requests each busy server gets at once in a burst of the probe, and bursts per number of servers.
+const BURST_REQUESTS: usize = 4;
+const BURST_REPEATS: usize = 3;
+
+/// What the probe measured before the rows: the servers' cost computing alone, and how much slower a burst
+/// of work runs when several servers compute at once on this host's cores.
+struct Probe {
+    /// vLLM's counters over [`PROBE_REQUESTS`] cold requests, one at a time.
+    alone: Counters,
+    /// For each of those, the time outside the engine in microseconds: the client's time less what vLLM
+    /// counted for it (queued, prefill, decode); sorted.
+    outside_us: Vec<u64>,
+    /// Wall seconds of the same burst ([`BURST_REQUESTS`] cold requests a server) on 1, 2, ... servers at
+    /// once; the median of [`BURST_REPEATS`].
+    bursts: Vec<f64>,
+}
+
+impl Probe {
+    /// The exponent of fleet-sim's shared host (`oversubscribed_exponent`) that gives the bursts' slowdowns, with each replica
+    /// able to keep every core busy (`threads_per_replica` = cores, so `k` busy replicas run at
+    /// `(1/k)^exponent`): least squares of `ln(slowdown) = exponent x ln(k)` over k >= 2, at least 1.
+    fn exponent(&self) -> f64 {
+        let Some(&one) = self.bursts.first().filter(|&&one| one > 0.0) else { return 1.0 };
+        let (mut num, mut den) = (0.0, 0.0);
+        for (index, wall) in self.bursts.iter().enumerate().skip(1) {
+            let k = (index + 1) as f64;
+            num += (wall / one).max(1.0).ln() * k.ln();
+            den += k.ln() * k.ln();
+        }
+        if den == 0.0 { 1.0 } else { (num / den).clamp(1.0, 8.0) }
+    }
+}
+
+/// One cold completion like the trace's (a prompt of about 1,500 tokens, 8 tokens out), distinct by `tag`.
+fn probe_completion(url: &str, tag: &str) -> Command {
+    let words = "the router keeps each shared prefix on the server that holds it ".repeat(110);
+    let body = format!(
+        "{{\"model\":\"{MODEL}\",\"prompt\":\"probe {tag}: {words}\",\"max_tokens\":8,\"min_tokens\":8,\
+         \"ignore_eos\":true}}"
+    );
+    let mut command = Command::new("curl");
+    command.args(["--silent", "--fail", "--output", "/dev/null", "--max-time", "120"]).args([
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        &body,
+        &format!("{url}/v1/completions"),
+    ]);
+    command
+}
+
+/// Measures the [`Probe`]: cold requests one at a time (each server's cache emptied before each), timed by
+/// vLLM's own counters; then bursts on 1, 2, ... servers at once, timed by the wall clock.
+fn probe(urls: &[String]) -> Result<Probe> {
+    let before = counters(urls)?;
+    let mut outside_us = Vec::new();
+    for i in 0..PROBE_REQUESTS {
+        let url = &urls[i % urls.len()];
+        reset_prefix_cache(url)?;
+        let engine_before = counters(std::slice::from_ref(url))?;
+        // curl's own timing, so that starting the process is not counted.
+        let out = probe_completion(url, &format!("alone {i}"))
+            .args(["--write-out", "%{time_total}"])
+            .output()
+            .map_err(|e| format!("cannot run curl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("the probe's completion on {url} failed ({})", out.status));
+        }
+        let client_s: f64 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .map_err(|e| format!("curl's time_total: {e}"))?;
+        let engine = counters(std::slice::from_ref(url))? - engine_before;
+        let engine_s = engine.queue_seconds + engine.prefill_seconds + engine.decode_seconds;
+        outside_us.push(((client_s - engine_s) * 1e6).max(0.0) as u64);
+    }
+    outside_us.sort_unstable();
+    let alone = counters(urls)? - before;
+    let mut bursts = Vec::new();
+    for busy in 1..=urls.len() {
+        let mut walls = Vec::new();
+        for repeat in 0..BURST_REPEATS {
+            for url in urls {
+                reset_prefix_cache(url)?;
+            }
+            let started = Instant::now();
+            let mut children = Vec::new();
+            for (server, url) in urls[..busy].iter().enumerate() {
+                for request in 0..BURST_REQUESTS {
+                    let tag = format!("burst {busy} {repeat} {server} {request}");
+                    children.push(
+                        probe_completion(url, &tag).spawn().map_err(|e| format!("cannot run curl: {e}"))?,
+                    );
+                }
+            }
+            for mut child in children {
+                let status = child.wait().map_err(|e| format!("curl: {e}"))?;
+                if !status.success() {
+                    return Err(format!("a burst's completion failed ({status})"));
+                }
+            }
+            walls.push(started.elapsed().as_secs_f64());
+        }
+        bursts.push(crate::procs::median(&mut walls));
+    }
+    Ok(Probe { alone, outside_us, bursts })
+}
+
+/// The what-if against the live rows. An engine profile is fitted in three steps:
+///
+/// 1. The engine's cost alone: the probe's requests, each on a server computing nothing else
+///    ([`probe`]), by the closed form of vLLM's counters ([`Fit::of`]).
+/// 2. The host's contention: the three replicas share this machine's cores (`shared_host`), each able to
+///    keep every core busy, with the exponent that gives the probe's bursts their slowdown
+///    ([`Probe::exponent`]). Three vLLM servers on two cores slow each other far more than a fair share of
+///    the cores would: each step hands work between three processes (API server, engine core, worker),
+///    and each handoff waits for a core.
+/// 3. What the model leaves out, the profile's `extra_latency_us` sample (the API server's templating and
+///    tokenizing, the HTTP hops), two ways, each with its predictions: the round_robin row's residuals
+///    (each request's client TTFT less the replay's), and the probe's requests alone (each one's client
+///    time less what vLLM counted for it). The profile keeps the row's unless vLLM counted more than
+///    [`QUEUED_SHARE`] of the row's engine time as queued: an overloaded row's residuals hold queueing the
+///    replay does not place request by request, and they carried it into every policy's prediction
+///    (1.4 s of p95 predicted for cache_aware_approx where 50 ms were measured).
+///
+/// The closed form over the round_robin row itself (which this replaced) charged a decode step with the
+/// prefill chunks other requests ran in it and with the other servers' use of the cores: under overload
+/// a tiny model's decode step came out at 152 ms, and the what-if predicted 4.3 s of p95 where 60 ms were
+/// measured.
+///
+/// Then `fleet-sim replay` of that recording under each of fleet-router's policies, with 8 seeds (each
+/// request draws its extra latency), printed beside what they measured live. The goal (issue 34): within 2
+/// points of hit rate and 15 % of TTFT p95, judged on the seeds' median.
+fn fidelity(
+    bin: &Path,
+    dir: &Path,
+    probe: &Probe,
+    round_robin: &Counters,
+    rows: &[(String, Row)],
+) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fit = Fit::of(&probe.alone);
+    let exponent = probe.exponent();
+    let profile = dir.join("vllm-cpu-tiny-fitted.yaml");
+    let write_profile = |extra_latency_us: &[u64]| {
+        let Fit { step_us, prefill_token_us } = fit;
+        let text = format!(
+            "# Fitted by `cargo xtask bench real --engine vllm`: the cost from {PROBE_REQUESTS} requests computed alone,\n\
+             # the exponent from bursts on 1..{SERVERS} servers at once ({:?} s); its round_robin row spent\n\
+             # {:.2} s of prefill and {:.2} s of decode (vLLM's counters, summed over requests).\n\
              name: vllm-cpu-tiny-fitted\n\
              description: vLLM 0.32.0 CPU, tiny random-weight Llama, fitted from the bench's own run\n\
              model: {MODEL}\n\
@@ -393,20 +559,17 @@ fn fidelity(bin: &Path, dir: &Path, round_robin: &Counters, rows: &[(String, Row
              max_num_batched_tokens: {MAX_BATCHED_TOKENS}\n\
              cost:\n  step_us: {step_us:.1}\n  prefill_token_us: {prefill_token_us:.2}\n  prefill_attn_us_per_ktok: 0\n  \
              decode_seq_us: 0\n  decode_ctx_us_per_ktok: 0\n\
+             shared_host:\n  cores: {cores}\n  threads_per_replica: {cores}\n  oversubscribed_exponent: {exponent:.3}\n\
              extra_latency_us: {extra_latency_us:?}\n\
-             sources:\n  - \"vLLM's request_prefill_time and request_decode_time sums over the bench's round_robin row\"\n  \
+             sources:\n  - \"cost: vLLM's request_prefill_time and request_decode_time over requests computed alone\"\n  \
+             - \"shared_host: this machine's cores; the exponent: the slowdown of the same burst on 1..{SERVERS} servers at once\"\n  \
              - \"extra_latency_us: the row's client TTFTs less the replay's, request by request\"\n",
-            computed,
+            probe.bursts.iter().map(|s| (s * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
             round_robin.prefill_seconds,
-            decode_steps,
             round_robin.decode_seconds,
             kv_blocks() * BLOCK_SIZE,
-        )
-    };
-    let profile = dir.join("vllm-cpu-tiny-fitted.yaml");
-    let write_profile = |extra: &[u64]| {
-        fs::write(&profile, profile_yaml(extra))
-            .map_err(|e| format!("cannot write {}: {e}", profile.display()))
+        );
+        fs::write(&profile, text).map_err(|e| format!("cannot write {}: {e}", profile.display()))
     };
     let recorded = dir.join("round_robin.recorded.jsonl");
     let replay = |policy: &str, seed: u64, requests_out: Option<&Path>| -> Result<String> {
@@ -427,65 +590,120 @@ fn fidelity(bin: &Path, dir: &Path, round_robin: &Counters, rows: &[(String, Row
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     };
 
-    // The engine model alone, then what it leaves out, request by request.
-    write_profile(&[])?;
+    // A check on 1 and 2: the replay's engine time over the round_robin row against vLLM's.
     let modelled = dir.join("round_robin.replayed.jsonl");
+    write_profile(&[])?;
     replay("round_robin", 1, Some(&modelled))?;
-    let extra = extra_latency_us(&recorded, &modelled)?;
-    write_profile(&extra)?;
-    let extra_ms: Vec<f64> = extra.iter().map(|us| *us as f64 / 1e3).collect();
-    let quantile = |q: f64| fleet_base::quantile::nearest_rank(&extra_ms, q).unwrap_or(0.0);
+    let sums = engine_sums(&modelled)?;
+    let slowdowns: Vec<String> =
+        probe.bursts.iter().map(|wall| format!("{:.1}x", wall / probe.bursts[0])).collect();
     println!(
-        "\nwhat-if of round_robin's recording (profile fitted from vLLM's counters: {step_us:.0} us a decode step, \
-         {prefill_token_us:.1} us a computed prompt token; beyond the engine model, request by request, p50 \
-         {:.1} ms, p95 {:.1} ms; {})",
-        quantile(0.5),
-        quantile(0.95),
-        profile.display()
+        "\nwhat-if profile: alone, {:.0} us a step and {:.1} us a prompt token ({:.0} probe requests); bursts on \
+         1..{SERVERS} servers at once {} -> {cores} cores shared with exponent {exponent:.2}\n\
+         round_robin's row: vLLM counted {:.2} s queued, {:.2} s prefill, {:.2} s decode; its replay {:.2}, {:.2}, {:.2}",
+        fit.step_us,
+        fit.prefill_token_us,
+        probe.alone.requests,
+        slowdowns.join(" "),
+        round_robin.queue_seconds,
+        round_robin.prefill_seconds,
+        round_robin.decode_seconds,
+        sums.queue,
+        sums.prefill,
+        sums.decode
     );
-    println!(
-        "{:<22} {:>24} {:>36}  verdict (on the seeds' median)",
-        "policy", "hit rate pred / live", "TTFT p95 pred (8 seeds) / live"
-    );
-    for (name, live) in rows.iter().filter(|(n, _)| n.starts_with("fleet-router ")) {
-        let policy = name.trim_start_matches("fleet-router ");
-        let mut hits = Vec::new();
-        let mut p95s = Vec::new();
-        for seed in 1..=8 {
-            match replay(policy, seed, None) {
-                Ok(text) => {
-                    hits.push(crate::real::json_number(&text, "\"hit_rate\"").unwrap_or(f64::NAN));
-                    p95s.push(crate::real::json_number(&text, "\"ttft_p95_s\"").unwrap_or(f64::NAN) * 1e3);
-                }
-                Err(e) => println!("{policy:<22} {e}"),
-            }
-        }
-        if p95s.is_empty() {
-            continue;
-        }
-        let (low, high) =
-            (p95s.iter().copied().fold(f64::INFINITY, f64::min), p95s.iter().copied().fold(0.0, f64::max));
-        let (hit, p95_ms) = (crate::procs::median(&mut hits), crate::procs::median(&mut p95s));
-        let (live_hit, live_p95) = (live.hit_rate.unwrap_or(f64::NAN), live.ttft_p95_ms.unwrap_or(f64::NAN));
-        let hit_ok = ((hit - live_hit) * 100.0).abs() <= 2.0;
-        let p95_ok = (p95_ms / live_p95 - 1.0).abs() <= 0.15;
+
+    // 3. What the model leaves out, two ways, each with its predictions.
+    let row_residuals = extra_latency_us(&recorded, &modelled)?;
+    let samples = [
+        ("round_robin's row less its replay, request by request", &row_residuals),
+        ("the probe's time outside the engine, requests alone", &probe.outside_us),
+    ];
+    for (source, extra) in samples {
+        write_profile(extra)?;
+        let extra_ms: Vec<f64> = extra.iter().map(|us| *us as f64 / 1e3).collect();
+        let quantile = |q: f64| fleet_base::quantile::nearest_rank(&extra_ms, q).unwrap_or(0.0);
         println!(
-            "{policy:<22} {:>10.1}% / {:>9.1}% {:>9.0}ms ({:>4.0}-{:<4.0}) / {:>8.0}ms  {}",
-            hit * 100.0,
-            live_hit * 100.0,
-            p95_ms,
-            low,
-            high,
-            live_p95,
-            match (hit_ok, p95_ok) {
-                (true, true) => "within both",
-                (true, false) => "TTFT p95 off by more than 15 %",
-                (false, true) => "hit rate off by more than 2 points",
-                (false, false) => "both off",
-            }
+            "\nwhat-if of round_robin's recording, beyond the engine model {source} (p50 {:.1} ms, p95 {:.1} ms)",
+            quantile(0.5),
+            quantile(0.95),
         );
+        println!(
+            "{:<22} {:>24} {:>36}  verdict (on the seeds' median)",
+            "policy", "hit rate pred / live", "TTFT p95 pred (8 seeds) / live"
+        );
+        for (name, live) in rows.iter().filter(|(n, _)| n.starts_with("fleet-router ")) {
+            let policy = name.trim_start_matches("fleet-router ");
+            let mut hits = Vec::new();
+            let mut p95s = Vec::new();
+            for seed in 1..=8 {
+                match replay(policy, seed, None) {
+                    Ok(text) => {
+                        hits.push(crate::real::json_number(&text, "\"hit_rate\"").unwrap_or(f64::NAN));
+                        p95s.push(
+                            crate::real::json_number(&text, "\"ttft_p95_s\"").unwrap_or(f64::NAN) * 1e3,
+                        );
+                    }
+                    Err(e) => println!("{policy:<22} {e}"),
+                }
+            }
+            if p95s.is_empty() {
+                continue;
+            }
+            let (low, high) = (
+                p95s.iter().copied().fold(f64::INFINITY, f64::min),
+                p95s.iter().copied().fold(0.0, f64::max),
+            );
+            let (hit, p95_ms) = (crate::procs::median(&mut hits), crate::procs::median(&mut p95s));
+            let (live_hit, live_p95) =
+                (live.hit_rate.unwrap_or(f64::NAN), live.ttft_p95_ms.unwrap_or(f64::NAN));
+            let hit_ok = ((hit - live_hit) * 100.0).abs() <= 2.0;
+            let p95_ok = (p95_ms / live_p95 - 1.0).abs() <= 0.15;
+            println!(
+                "{policy:<22} {:>10.1}% / {:>9.1}% {:>9.0}ms ({:>4.0}-{:<4.0}) / {:>8.0}ms  {}",
+                hit * 100.0,
+                live_hit * 100.0,
+                p95_ms,
+                low,
+                high,
+                live_p95,
+                match (hit_ok, p95_ok) {
+                    (true, true) => "within both",
+                    (true, false) => "TTFT p95 off by more than 15 %",
+                    (false, true) => "hit rate off by more than 2 points",
+                    (false, false) => "both off",
+                }
+            );
+        }
     }
+    // The profile kept: the row's own residuals where vLLM counted (almost) no queueing over it, the
+    // closest fit; otherwise the probe's sample, which an overloaded row's queueing does not colour.
+    let row_queued =
+        round_robin.queue_seconds > QUEUED_SHARE * (round_robin.prefill_seconds + round_robin.decode_seconds);
+    let (kept, source) = if row_queued {
+        (&probe.outside_us, "the probe's: the row queued")
+    } else {
+        (&row_residuals, "the row's residuals: the row did not queue")
+    };
+    write_profile(kept)?;
+    println!("\nprofile (sample {source}): {}", profile.display());
     Ok(())
+}
+
+/// The engine's side of a replay, summed over its requests (`fleet-sim replay --requests-out`), in seconds:
+/// vLLM's queue, prefill and decode times.
+struct EngineSums {
+    queue: f64,
+    prefill: f64,
+    decode: f64,
+}
+
+fn engine_sums(modelled: &Path) -> Result<EngineSums> {
+    let text =
+        fs::read_to_string(modelled).map_err(|e| format!("cannot read {}: {e}", modelled.display()))?;
+    let sum =
+        |key: &str| -> f64 { text.lines().filter_map(|line| crate::real::json_number(line, key)).sum() };
+    Ok(EngineSums { queue: sum("\"queue_s\""), prefill: sum("\"prefill_s\""), decode: sum("\"decode_s\"") })
 }
 
 /// The time each answered request of a live `recorded` row spent beyond the engine model, in microseconds:

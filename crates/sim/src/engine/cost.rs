@@ -120,6 +120,64 @@ impl CostProfile {
     }
 }
 
+/// A host whose cores every replica of a replay shares ([`Profile::shared_host`]).
+///
+/// A replica that computes alone runs at the profile's speed while its threads have a core each; when
+/// `k` replicas compute at once they split the cores, each running at
+/// `min(1, cores / (k x threads_per_replica)) ^ oversubscribed_exponent` of it. With the exponent at 1
+/// that is processor sharing, as the kernel's scheduler gives busy threads equal shares. Above 1, more
+/// threads than cores lose more than their share: an OpenMP region ends only when all its threads do, and
+/// threads that wait for a descheduled peer spin (vLLM's CPU worker). Their API servers' own CPU time is
+/// not in it: that is part of [`Profile::extra_latency_us`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedHost {
+    /// Cores of the host.
+    pub cores: f64,
+    /// Threads one replica computes with (vLLM's CPU worker: its OpenMP threads, by default one per
+    /// core).
+    pub threads_per_replica: f64,
+    /// How much worse than a fair share oversubscribed cores are (1, the default: exactly a fair share).
+    #[serde(default = "fair_share")]
+    pub oversubscribed_exponent: f64,
+}
+
+fn fair_share() -> f64 {
+    1.0
+}
+
+impl SharedHost {
+    /// Share of the profile's speed each of `computing` replicas runs at.
+    pub fn rate(&self, computing: usize) -> f64 {
+        let demand = computing.max(1) as f64 * self.threads_per_replica;
+        (self.cores / demand).min(1.0).powf(self.oversubscribed_exponent)
+    }
+
+    fn validate(&self) -> Result<(), ProfileError> {
+        for (field, value) in
+            [("shared_host.cores", self.cores), ("shared_host.threads_per_replica", self.threads_per_replica)]
+        {
+            if !value.is_finite() || value <= 0.0 {
+                return Err(ProfileError {
+                    field,
+                    value: value.to_string(),
+                    fix: "use a positive number (of cores, or threads)".to_owned(),
+                });
+            }
+        }
+        let exponent = self.oversubscribed_exponent;
+        if !exponent.is_finite() || !(1.0..=8.0).contains(&exponent) {
+            return Err(ProfileError {
+                field: "shared_host.oversubscribed_exponent",
+                value: exponent.to_string(),
+                fix: "use 1 (cores shared fairly) up to 8 (oversubscribed threads lose far more than their share)"
+                    .to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The largest draw [`Profile::extra_latency_us`] takes: ten minutes (a larger figure is a unit mistake).
 pub const MAX_EXTRA_LATENCY_US: u64 = 600_000_000;
 
@@ -151,6 +209,11 @@ pub struct Profile {
     /// TTFT less the model's for the same request, placed on the same server).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_latency_us: Vec<u64>,
+    /// Replicas that share one host's cores (CPU servers on one machine): a replay then runs each
+    /// computing replica at the share of the cores it gets. `None` (the default, and the built-in
+    /// profiles'): each replica has its own accelerator, and one's work never slows another's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_host: Option<SharedHost>,
     /// Where each figure comes from (free text per figure; the YAML comments carry the detail).
     #[serde(default)]
     pub sources: Vec<String>,
@@ -186,6 +249,9 @@ impl Profile {
                     "each draw is microseconds added to one request, at most {MAX_EXTRA_LATENCY_US} (10 minutes)"
                 ),
             });
+        }
+        if let Some(host) = &profile.shared_host {
+            host.validate()?;
         }
         Ok(profile)
     }
@@ -282,6 +348,30 @@ mod tests {
         let err = Profile::parse(&far).expect_err("over ten minutes");
         assert_eq!(err.field, "extra_latency_us");
         assert!(err.to_string().contains("microseconds"), "{err}");
+    }
+
+    #[test]
+    fn a_shared_host_splits_its_cores_among_the_replicas_computing_and_names_a_bad_figure() {
+        let text = BUILTIN_PROFILES[0].1;
+        assert_eq!(Profile::parse(text).expect("builtin").shared_host, None);
+        let with = format!("{text}\nshared_host: {{cores: 2, threads_per_replica: 2}}\n");
+        let host = Profile::parse(&with).expect("parses").shared_host.expect("a shared host");
+        assert_eq!([host.rate(0), host.rate(1), host.rate(2), host.rate(4)], [1.0, 1.0, 0.5, 0.25]);
+        let roomy = SharedHost { cores: 8.0, threads_per_replica: 2.0, oversubscribed_exponent: 1.0 };
+        assert_eq!([roomy.rate(4), roomy.rate(8)], [1.0, 0.5]);
+        let spinning = SharedHost { oversubscribed_exponent: 2.0, ..roomy };
+        assert_eq!([spinning.rate(4), spinning.rate(8), spinning.rate(16)], [1.0, 0.25, 0.0625]);
+        let odd = format!(
+            "{text}\nshared_host: {{cores: 2, threads_per_replica: 2, oversubscribed_exponent: 0.5}}\n"
+        );
+        assert_eq!(
+            Profile::parse(&odd).expect_err("gains from sharing").field,
+            "shared_host.oversubscribed_exponent"
+        );
+        let bad = format!("{text}\nshared_host: {{cores: 0, threads_per_replica: 2}}\n");
+        let err = Profile::parse(&bad).expect_err("no cores");
+        assert_eq!(err.field, "shared_host.cores");
+        assert!(err.to_string().contains("positive"), "{err}");
     }
 
     #[test]

@@ -47,7 +47,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use cost::{CostProfile, Profile, ProfileError};
+pub use cost::{CostProfile, Profile, ProfileError, SharedHost};
 pub use kv::KvCache;
 pub use pd::{LoadFailurePolicy, RemoteKv, TransferCost};
 pub use scheduler::EngineModel;

@@ -11,6 +11,11 @@
 //! run out, or a new request arrives or one is aborted. So the step is stretched into a run of `k` decode
 //! steps (`k` = fewest tokens any request still needs, cut where blocks would run out), timed in closed
 //! form, and cut short at the step boundary an arrival or abort falls in.
+//!
+//! Rate (replay's shared host): a step's cost is its *work*, in microseconds at the profile's speed. An
+//! engine runs at a rate (1.0 unless [`EngineModel::set_rate`] says otherwise, as when replicas share a
+//! host's cores); a step ends when its work is done at the rates it ran at, so a rate change moves the end
+//! of the step in flight.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -84,8 +89,13 @@ enum StepKind {
 
 #[derive(Clone, Debug)]
 struct Step {
-    start: Micros,
+    /// When it ends at the engine's current rate.
     end: Micros,
+    /// Its work: microseconds at the profile's speed (rate 1.0).
+    work: f64,
+    /// Of that, done by `since` (the step's start or the last rate change).
+    done: f64,
+    since: Micros,
     /// (index into `running`, tokens) of every scheduled sequence.
     scheduled: Vec<(usize, u32)>,
     kind: StepKind,
@@ -107,6 +117,8 @@ pub struct EngineModel {
     step: Option<Step>,
     /// Latest time seen; an idle engine never starts a step before it.
     clock: Micros,
+    /// Share of the profile's speed the engine runs at now (see the module docs).
+    rate: f64,
     stats: EngineStats,
 }
 
@@ -127,6 +139,7 @@ impl EngineModel {
             held: Vec::new(),
             step: None,
             clock: 0,
+            rate: 1.0,
             stats,
         })
     }
@@ -175,6 +188,27 @@ impl EngineModel {
 
     fn next_lease_end(&self) -> Option<Micros> {
         self.held.iter().map(|h| h.until).min()
+    }
+
+    /// Whether a step is in flight (the engine is computing, not idle or only waiting on transfers).
+    pub fn is_stepping(&self) -> bool {
+        self.step.is_some()
+    }
+
+    /// Runs the engine at `rate` of the profile's speed from `now` on (a replica sharing its host's cores
+    /// with others that are computing too): the step in flight ends when its remaining work is done at
+    /// that rate, and later steps are timed at it until the next call. `now` is the engine's latest time
+    /// (advance it first); a rate outside (0, 1] is taken as 1.
+    pub fn set_rate(&mut self, now: Micros, rate: f64) {
+        let rate = if rate > 0.0 && rate <= 1.0 { rate } else { 1.0 };
+        let old = self.rate;
+        self.rate = rate;
+        if let Some(step) = self.step.as_mut() {
+            let now = now.clamp(step.since, step.end);
+            step.done = (step.done + (now - step.since) as f64 * old).min(step.work);
+            step.since = now;
+            step.end = now + ((step.work - step.done) / rate).ceil() as Micros;
+        }
     }
 
     /// Prefill side: whether request `id`'s blocks are held now.
@@ -385,23 +419,26 @@ impl EngineModel {
     /// Cuts a decode run in flight at the first step boundary at or after `now`.
     fn cut_run(&mut self, now: Micros) {
         let cost = &self.config.cost;
+        let rate = self.rate;
         let Some(step) = self.step.as_mut() else { return };
         let StepKind::DecodeRun { steps, seqs, ctx } = step.kind else { return };
         if now >= step.end {
             return;
         }
-        // Smallest j >= 1 with start + time(j) >= now.
+        // The work done by `now` at the current rate; then the smallest j >= 1 whose j steps cover it.
+        let done_by_now = step.done + now.saturating_sub(step.since) as f64 * rate;
         let (mut lo, mut hi) = (1u64, steps);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if step.start + cost.decode_run_time(seqs, ctx, mid) >= now {
+            if cost.decode_run_time(seqs, ctx, mid) as f64 >= done_by_now {
                 hi = mid;
             } else {
                 lo = mid + 1;
             }
         }
         step.kind = StepKind::DecodeRun { steps: lo, seqs, ctx };
-        step.end = step.start + cost.decode_run_time(seqs, ctx, lo);
+        step.work = cost.decode_run_time(seqs, ctx, lo) as f64;
+        step.end = step.since + ((step.work - step.done).max(0.0) / rate).ceil() as Micros;
     }
 
     fn block_tokens(&self) -> u32 {
@@ -570,7 +607,9 @@ impl EngineModel {
                 duration = cost.decode_run_time(decode_seqs, decode_ctx, steps);
             }
         }
-        self.step = Some(Step { start, end: start + duration, scheduled, kind });
+        let work = duration as f64;
+        let end = start + (work / self.rate).ceil() as Micros;
+        self.step = Some(Step { end, work, done: 0.0, since: start, scheduled, kind });
         // A transfer ending during a decode run lets its request join at the next step boundary.
         if let Some(at) = self.next_load_done() {
             self.cut_run(at);
@@ -879,6 +918,52 @@ mod tests {
             })
             .sum();
         assert_eq!(stored, 6, "5 blocks of request 1 and block 99 of request 2");
+    }
+
+    fn first_token_at(events: &[EngineEvent], id: u64) -> Option<Micros> {
+        events.iter().find_map(|e| match e {
+            EngineEvent::FirstToken { id: i, at, .. } if *i == id => Some(*at),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_rate_stretches_the_work_left_and_a_cut_run_ends_where_the_work_done_says() {
+        // 20 prompt tokens, 3 output: a 1,200 us prefill step, then a run of two 1,100 us decode steps.
+        let timings = |rate: f64| {
+            let mut engine = EngineModel::new(config(64, 8, 64)).expect("valid");
+            let mut events = Vec::new();
+            engine.set_rate(0, rate);
+            engine
+                .add_request(EngineRequest::new(1, prompt(1, 20), 3), 0, &mut |e| events.push(e))
+                .expect("added");
+            run(&mut engine, &mut events);
+            (first_token_at(&events, 1), finished_at(&events, 1))
+        };
+        assert_eq!(timings(1.0), (Some(1_200), Some(3_400)));
+        assert_eq!(timings(0.5), (Some(2_400), Some(6_800)), "half the speed, twice the time");
+        assert_eq!(timings(0.0), timings(1.0), "a rate outside (0, 1] is the profile's speed");
+
+        // Halved 600 us into the prefill step: 600 us of work left take 1,200 us. Then 5 output tokens:
+        // a run of four decode steps at 2,200 us each, cut by an arrival 2,300 us in (the second step),
+        // so the newcomer's prefill (1,000 + 200 + 100 for the decoding sequence = 1,300 us of work)
+        // starts at 1,800 + 4,400 and takes 2,600 us.
+        let mut engine = EngineModel::new(config(64, 8, 64)).expect("valid");
+        let mut events = Vec::new();
+        engine
+            .add_request(EngineRequest::new(1, prompt(1, 20), 5), 0, &mut |e| events.push(e))
+            .expect("added");
+        engine.advance_to(600, &mut |e| events.push(e));
+        assert!(engine.is_stepping());
+        engine.set_rate(600, 0.5);
+        engine.advance_to(1_800 + 2_300, &mut |e| events.push(e));
+        assert_eq!(first_token_at(&events, 1), Some(1_800));
+        engine
+            .add_request(EngineRequest::new(2, prompt(2, 20), 1), 4_100, &mut |e| events.push(e))
+            .expect("added");
+        run(&mut engine, &mut events);
+        assert_eq!(first_token_at(&events, 2), Some(6_200 + 2_600));
+        assert!(!engine.is_stepping());
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub use prepare::{PreparedRequest, PreparedTrace, prepare};
 pub use report::{ReplayReport, ReplicaReport, RequestReport, format_comparison, format_report};
 
 use crate::engine::{
-    EngineConfig, EngineEvent, EngineModel, EngineRequest, KvEventKind, Micros, Profile, Prompt,
+    EngineConfig, EngineEvent, EngineModel, EngineRequest, KvEventKind, Micros, Profile, Prompt, SharedHost,
 };
 
 /// How to replay.
@@ -178,6 +178,8 @@ pub enum ReplayError {
 pub(crate) struct Outcome {
     pub replica: u32,
     pub arrival: Micros,
+    /// When its engine first scheduled it (its queueing ends).
+    pub scheduled: Option<Micros>,
     pub first_token: Option<Micros>,
     pub finished: Option<Micros>,
     pub prompt_tokens: u32,
@@ -187,6 +189,8 @@ pub(crate) struct Outcome {
     pub split: bool,
     /// The KV transfer of a split request, when it ran.
     pub transfer_us: Option<Micros>,
+    /// The profile's extra latency drawn for it, already in `first_token` and `finished`.
+    pub extra_us: Micros,
 }
 
 /// Replays a prepared trace under one configuration.
@@ -205,6 +209,16 @@ pub fn replay(
     engine_config
         .validate()
         .map_err(|e| ReplayError::Config { field: e.field, message: format!("{} ({})", e.value, e.fix) })?;
+    if config.pd.is_some() && config.profile.shared_host.is_some() {
+        return Err(ReplayError::Config {
+            field: "profile",
+            message: format!(
+                "profile {} shares one host's cores among the replicas (shared_host), which a P/D replay does \
+                 not model; drop shared_host from the profile or replay without a prefill pool",
+                config.profile.name
+            ),
+        });
+    }
     if config.routers == 0 || (config.routers > 1 && config.pd.is_some()) {
         return Err(ReplayError::Config {
             field: "routers",
@@ -233,6 +247,9 @@ pub fn replay(
     let mut pulled: Vec<(u64, Micros)> = Vec::new();
     let total = trace.requests.len();
     let tick = (total / 100).max(1);
+    let host = config.profile.shared_host.as_ref();
+    // With a shared host: the time up to which every engine's rate is settled.
+    let mut host_clock: Micros = 0;
 
     for (index, request) in trace.requests.iter().enumerate() {
         if index % tick == 0 {
@@ -248,11 +265,9 @@ pub fn replay(
         if let Some(prefill) = prefill.as_mut() {
             prefill.advance_to(now, &mut engines, &mut policy, &mut outcomes, &mut pulled);
         }
-        for (r, engine) in engines.iter_mut().enumerate() {
-            engine.advance_to(now, &mut |event| {
-                pd::decode_event(&mut policy, &mut outcomes, &mut pulled, r as u32, event)
-            });
-        }
+        advance_engines(&mut engines, now, host, &mut host_clock, &mut |r, event| {
+            pd::decode_event(&mut policy, &mut outcomes, &mut pulled, r, event)
+        });
         if let Some(prefill) = prefill.as_mut() {
             prefill.release_pulled(&mut pulled);
         }
@@ -316,11 +331,9 @@ pub fn replay(
     if let Some(prefill) = prefill.as_mut() {
         prefill.advance_to(Micros::MAX, &mut engines, &mut policy, &mut outcomes, &mut pulled);
     }
-    for (r, engine) in engines.iter_mut().enumerate() {
-        engine.advance_to(Micros::MAX, &mut |event| {
-            pd::decode_event(&mut policy, &mut outcomes, &mut pulled, r as u32, event)
-        });
-    }
+    advance_engines(&mut engines, Micros::MAX, host, &mut host_clock, &mut |r, event| {
+        pd::decode_event(&mut policy, &mut outcomes, &mut pulled, r, event)
+    });
     if let Some(progress) = control.progress {
         let end = outcomes.iter().filter_map(|o| o.finished).max().unwrap_or(0);
         progress(Progress { routed: total, total, virtual_s: end as f64 / 1e6 });
@@ -330,6 +343,41 @@ pub fn replay(
     let mut report = report::build(&outcomes, &engines, pooled);
     report.pd = prefill.map(|prefill| prefill.report(&outcomes));
     Ok(report)
+}
+
+/// Advances every engine to `now`. On a shared host ([`SharedHost`]) they advance together, event by event:
+/// between two events each engine that is computing runs at the share of the cores it gets with the others
+/// computing then, so one replica's work slows the rest (`clock`: the time the rates were last settled).
+fn advance_engines(
+    engines: &mut [EngineModel],
+    now: Micros,
+    host: Option<&SharedHost>,
+    clock: &mut Micros,
+    on_event: &mut impl FnMut(u32, EngineEvent),
+) {
+    let Some(host) = host else {
+        for (r, engine) in engines.iter_mut().enumerate() {
+            engine.advance_to(now, &mut |event| on_event(r as u32, event));
+        }
+        return;
+    };
+    loop {
+        let computing = engines.iter().filter(|e| e.is_stepping()).count();
+        let rate = host.rate(computing);
+        for engine in engines.iter_mut() {
+            engine.set_rate(*clock, rate);
+        }
+        // The next thing any engine does at these rates; every engine meets it, so the rates change there.
+        let next = engines.iter().filter_map(EngineModel::next_step_at).min().filter(|&at| at <= now);
+        let until = next.unwrap_or(now);
+        for (r, engine) in engines.iter_mut().enumerate() {
+            engine.advance_to(until, &mut |event| on_event(r as u32, event));
+        }
+        *clock = (*clock).max(until);
+        if next.is_none() {
+            return;
+        }
+    }
 }
 
 /// Adds one draw of the profile's extra latency ([`Profile::extra_latency_us`]) to each request's first token
@@ -346,6 +394,7 @@ fn add_extra_latency(outcomes: &mut [Outcome], sample: &[u64], seed: u64) {
         let extra = sample[rng.random_range(0..sample.len())];
         outcome.first_token = outcome.first_token.map(|at| at + extra);
         outcome.finished = outcome.finished.map(|at| at + extra);
+        outcome.extra_us = extra;
     }
 }
 
@@ -373,8 +422,11 @@ fn on_event(policy: &mut Routers, outcomes: &mut [Outcome], replica: u32, event:
         EngineEvent::Kv { at, kind } => {
             policy.on_kv_event(ReplicaId(replica), &kv_event(kind), at / 1000);
         }
-        EngineEvent::Scheduled { .. }
-        | EngineEvent::Token { .. }
+        EngineEvent::Scheduled { id, at, .. } => {
+            let scheduled = &mut outcomes[id as usize].scheduled;
+            scheduled.get_or_insert(at);
+        }
+        EngineEvent::Token { .. }
         | EngineEvent::Preempted { .. }
         | EngineEvent::Held { .. }
         | EngineEvent::HoldReleased { .. }

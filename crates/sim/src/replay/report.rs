@@ -42,6 +42,14 @@ pub struct RequestReport {
     pub cached_tokens: u32,
     /// Time to its first token in seconds, the profile's extra latency included (`None`: never started).
     pub ttft_s: Option<f64>,
+    /// The engine's side, as vLLM's `request_queue_time`, `request_prefill_time` and
+    /// `request_decode_time` count it: seconds from arrival to first scheduled, from there to the first
+    /// token, and from the first token to the last (`None` where it never got that far).
+    pub queue_s: Option<f64>,
+    /// See `queue_s`.
+    pub prefill_s: Option<f64>,
+    /// See `queue_s`.
+    pub decode_s: Option<f64>,
 }
 
 /// The replay report. Its JSON has exactly these keys at top level.
@@ -168,6 +176,15 @@ pub(super) fn build(
                 prompt_tokens: outcome.prompt_tokens,
                 cached_tokens: outcome.cached_tokens,
                 ttft_s: outcome.first_token.map(|first| seconds(first - outcome.arrival)),
+                queue_s: outcome.scheduled.map(|at| seconds(at - outcome.arrival)),
+                prefill_s: outcome
+                    .scheduled
+                    .zip(outcome.first_token)
+                    .map(|(at, first)| seconds(first.saturating_sub(outcome.extra_us).saturating_sub(at))),
+                decode_s: outcome
+                    .first_token
+                    .zip(outcome.finished)
+                    .map(|(first, last)| seconds(last - first)),
             })
             .collect(),
     }

@@ -386,7 +386,14 @@ fn the_commands_generate_replay_and_compare_a_trace() {
         assert_eq!(line["index"], index);
         assert!(line["replica"].as_u64().expect("replica") < 4);
         assert!(line["cached_tokens"].as_u64() <= line["prompt_tokens"].as_u64());
-        assert!(line["ttft_s"].as_f64().expect("every request started") > 0.0);
+        let ttft = line["ttft_s"].as_f64().expect("every request started");
+        assert!(ttft > 0.0);
+        // The engine's side as vLLM counts it: queued, then prefilling, adds up to the TTFT here (no
+        // extra latency in the profile); the decode follows.
+        let engine =
+            line["queue_s"].as_f64().expect("queued") + line["prefill_s"].as_f64().expect("prefilled");
+        assert!((engine - ttft).abs() < 1e-6, "request {index}: {engine} against {ttft}");
+        assert!(line["decode_s"].as_f64().expect("finished") >= 0.0);
     }
     let keys: BTreeSet<&str> = report.as_object().expect("object").keys().map(String::as_str).collect();
     let expected: BTreeSet<&str> = [
@@ -471,6 +478,13 @@ fn a_profiles_extra_latency_adds_one_draw_to_each_request_and_moves_no_placement
         assert_eq!(with.replica, without.replica);
         let added = with.ttft_s.expect("started") - without.ttft_s.expect("started");
         assert!((added - 0.040).abs() < 1e-9, "request {}: {added} s added", with.index);
+        // The engine's side (vLLM's queue, prefill and decode times) is the same: the draw is outside it.
+        assert_eq!(
+            (with.queue_s, with.prefill_s, with.decode_s),
+            (without.queue_s, without.prefill_s, without.decode_s)
+        );
+        let engine_side = without.queue_s.expect("scheduled") + without.prefill_s.expect("prefilled");
+        assert!((engine_side - without.ttft_s.expect("started")).abs() < 1e-9, "request {}", with.index);
     }
 
     // A sample: each request draws one of its values, the same ones for the same seed, others for another.
@@ -499,6 +513,64 @@ fn a_profiles_extra_latency_adds_one_draw_to_each_request_and_moves_no_placement
         other.per_request.iter().map(|r| r.ttft_s).collect::<Vec<_>>(),
         run(&sampled).per_request.iter().map(|r| r.ttft_s).collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn a_shared_host_slows_replicas_computing_at_once_and_none_computing_alone() {
+    use fleet_sim::engine::SharedHost;
+    // Two cold prompts at once on two replicas (round_robin), then two more 10 s apart.
+    let trace = Trace::from_records(vec![
+        TraceRecord::mooncake(0, 2048, 2, vec![1, 2, 3, 4]),
+        TraceRecord::mooncake(0, 2048, 2, vec![5, 6, 7, 8]),
+        TraceRecord::mooncake(10_000, 2048, 2, vec![9, 10, 11, 12]),
+        TraceRecord::mooncake(20_000, 2048, 2, vec![13, 14, 15, 16]),
+    ])
+    .expect("valid");
+    let prepared = replay::prepare(&trace, None, 1.0).expect("prepared");
+    let replayed = |host: Option<SharedHost>| {
+        let mut config = ReplayConfig::new(2, PolicySpec::named("round_robin"));
+        config.profile.shared_host = host;
+        let report = replay::replay(&prepared, &config, ReplayControl::default()).expect("replayed");
+        let ttfts: Vec<f64> = report.per_request.iter().map(|r| r.ttft_s.expect("started")).collect();
+        let replicas: Vec<u32> = report.per_request.iter().map(|r| r.replica).collect();
+        (ttfts, replicas)
+    };
+    let (alone, placement) = replayed(None);
+    assert_ne!(placement[0], placement[1], "round_robin puts the first two on two replicas");
+    assert!((alone[0] - alone[1]).abs() < 1e-9 && alone[0] > 0.0, "{alone:?}");
+
+    // One core for two single-threaded replicas: the first two split it and take twice as long (to a
+    // microsecond a step); the later ones compute alone, as fast as on their own accelerators.
+    let (shared, same_placement) =
+        replayed(Some(SharedHost { cores: 1.0, threads_per_replica: 1.0, oversubscribed_exponent: 1.0 }));
+    assert_eq!(same_placement, placement);
+    for request in 0..2 {
+        assert!(
+            (shared[request] - 2.0 * alone[request]).abs() < 1e-5,
+            "request {request}: {shared:?} vs {alone:?}"
+        );
+    }
+    assert_eq!(shared[2..], alone[2..]);
+
+    // Cores enough for both: nothing slows.
+    let (roomy, _) =
+        replayed(Some(SharedHost { cores: 2.0, threads_per_replica: 1.0, oversubscribed_exponent: 1.0 }));
+    assert_eq!(roomy, alone);
+
+    // Threads that spin on an oversubscribed core lose more than their share: squared, a quarter each.
+    let (spinning, _) =
+        replayed(Some(SharedHost { cores: 1.0, threads_per_replica: 1.0, oversubscribed_exponent: 2.0 }));
+    for request in 0..2 {
+        assert!((spinning[request] - 4.0 * alone[request]).abs() < 1e-5, "{spinning:?} vs {alone:?}");
+    }
+    assert_eq!(spinning[2..], alone[2..]);
+
+    // A P/D replay does not model a shared host, and says so.
+    let mut pd = pd_config(pd_spec(1, 1, 4), 1);
+    pd.profile.shared_host =
+        Some(SharedHost { cores: 1.0, threads_per_replica: 1.0, oversubscribed_exponent: 1.0 });
+    let err = replay::replay(&prepared, &pd, ReplayControl::default()).expect_err("not modelled");
+    assert!(err.to_string().contains("shared_host"), "{err}");
 }
 
 /// A policy spec with `pd:` thresholds.
