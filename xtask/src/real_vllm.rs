@@ -394,10 +394,6 @@ impl Fit {
     }
 }
 
-/// The share of a row's engine time vLLM may count as queued for the row's residuals to be the profile's
-/// extra-latency sample (see [`fidelity`]).
-const QUEUED_SHARE: f64 = 0.01;
-
 /// Cold requests the probe sends one at a time (four per server).
 const PROBE_REQUESTS: usize = 4 * SERVERS;
 /// Requests each busy server gets at once in a burst of the probe, and bursts per number of servers.
@@ -518,12 +514,12 @@ fn probe(urls: &[String]) -> Result<Probe> {
 ///    the cores would: each step hands work between three processes (API server, engine core, worker),
 ///    and each handoff waits for a core.
 /// 3. What the model leaves out, the profile's `extra_latency_us` sample (the API server's templating and
-///    tokenizing, the HTTP hops), two ways, each with its predictions: the round_robin row's residuals
-///    (each request's client TTFT less the replay's), and the probe's requests alone (each one's client
-///    time less what vLLM counted for it). The profile keeps the row's unless vLLM counted more than
-///    [`QUEUED_SHARE`] of the row's engine time as queued: an overloaded row's residuals hold queueing the
-///    replay does not place request by request, and they carried it into every policy's prediction
-///    (1.4 s of p95 predicted for cache_aware_approx where 50 ms were measured).
+///    tokenizing, the HTTP hops): the probe's requests alone, each one's client time less what vLLM
+///    counted for it. The round_robin row's own residuals (each request's client TTFT less the replay's)
+///    are shown beside it, each with its predictions: they were the sample until a congested row's
+///    residuals carried its queueing into every policy's prediction (0.5-1.4 s of p95 predicted for
+///    cache_aware_approx where 50-57 ms were measured). At light load they fit round_robin's own row
+///    better, as a fit to it would.
 ///
 /// The closed form over the round_robin row itself (which this replaced) charged a decode step with the
 /// prefill chunks other requests ran in it and with the other servers' use of the cores: under overload
@@ -676,17 +672,9 @@ fn fidelity(
             );
         }
     }
-    // The profile kept: the row's own residuals where vLLM counted (almost) no queueing over it, the
-    // closest fit; otherwise the probe's sample, which an overloaded row's queueing does not colour.
-    let row_queued =
-        round_robin.queue_seconds > QUEUED_SHARE * (round_robin.prefill_seconds + round_robin.decode_seconds);
-    let (kept, source) = if row_queued {
-        (&probe.outside_us, "the probe's: the row queued")
-    } else {
-        (&row_residuals, "the row's residuals: the row did not queue")
-    };
-    write_profile(kept)?;
-    println!("\nprofile (sample {source}): {}", profile.display());
+    // The profile kept: the probe's sample, which the row's queueing does not colour.
+    write_profile(&probe.outside_us)?;
+    println!("\nprofile (with the probe's sample): {}", profile.display());
     Ok(())
 }
 
