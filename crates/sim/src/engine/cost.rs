@@ -125,17 +125,19 @@ impl CostProfile {
 /// A replica that computes alone runs at the profile's speed while its threads have a core each; when
 /// `k` replicas compute at once they split the cores, each running at
 /// `min(1, cores / (k x threads_per_replica)) ^ oversubscribed_exponent` of it. With the exponent at 1
-/// that is processor sharing, as the kernel's scheduler gives busy threads equal shares. Above 1, more
-/// threads than cores lose more than their share: an OpenMP region ends only when all its threads do, and
-/// threads that wait for a descheduled peer spin (vLLM's CPU worker). Their API servers' own CPU time is
-/// not in it: that is part of [`Profile::extra_latency_us`].
+/// that is processor sharing, as the kernel's scheduler gives busy threads equal shares. Above 1, busy
+/// replicas lose more than their share: a CPU server's step hands work between processes (vLLM's API
+/// server, engine core and worker), each handoff waiting for a core, and compute threads that wait for a
+/// descheduled peer spin. `cargo xtask bench real --engine vllm` measures it with the same burst on 1, 2
+/// and 3 servers at once. Requests' time in their API servers is not in it: that is part of
+/// [`Profile::extra_latency_us`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SharedHost {
     /// Cores of the host.
     pub cores: f64,
-    /// Threads one replica computes with (vLLM's CPU worker: its OpenMP threads, by default one per
-    /// core).
+    /// Cores one replica keeps busy computing alone: its compute threads and the processes that feed
+    /// them (the vLLM bench takes every core: one server alone already slows a second).
     pub threads_per_replica: f64,
     /// How much worse than a fair share oversubscribed cores are (1, the default: exactly a fair share).
     #[serde(default = "fair_share")]
