@@ -540,7 +540,8 @@ fn fidelity(
     let fit = Fit::of(&probe.alone);
     let exponent = probe.exponent();
     let profile = dir.join("vllm-cpu-tiny-fitted.yaml");
-    let write_profile = |extra_latency_us: &[u64]| {
+    // `extra_source` says where the sample came from, in the profile's own `sources`.
+    let write_profile = |extra_latency_us: &[u64], extra_source: &str| {
         let Fit { step_us, prefill_token_us } = fit;
         let text = format!(
             "# Fitted by `cargo xtask bench real --engine vllm`: the cost from {PROBE_REQUESTS} requests computed alone,\n\
@@ -559,7 +560,7 @@ fn fidelity(
              extra_latency_us: {extra_latency_us:?}\n\
              sources:\n  - \"cost: vLLM's request_prefill_time and request_decode_time over requests computed alone\"\n  \
              - \"shared_host: this machine's cores; the exponent: the slowdown of the same burst on 1..{SERVERS} servers at once\"\n  \
-             - \"extra_latency_us: the row's client TTFTs less the replay's, request by request\"\n",
+             - \"extra_latency_us: {extra_source}\"\n",
             probe.bursts.iter().map(|s| (s * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
             round_robin.prefill_seconds,
             round_robin.decode_seconds,
@@ -588,7 +589,7 @@ fn fidelity(
 
     // A check on 1 and 2: the replay's engine time over the round_robin row against vLLM's.
     let modelled = dir.join("round_robin.replayed.jsonl");
-    write_profile(&[])?;
+    write_profile(&[], "none (the engine model alone)")?;
     replay("round_robin", 1, Some(&modelled))?;
     let sums = engine_sums(&modelled)?;
     let slowdowns: Vec<String> =
@@ -616,7 +617,7 @@ fn fidelity(
         ("the probe's time outside the engine, requests alone", &probe.outside_us),
     ];
     for (source, extra) in samples {
-        write_profile(extra)?;
+        write_profile(extra, source)?;
         let extra_ms: Vec<f64> = extra.iter().map(|us| *us as f64 / 1e3).collect();
         let quantile = |q: f64| fleet_base::quantile::nearest_rank(&extra_ms, q).unwrap_or(0.0);
         println!(
@@ -673,7 +674,7 @@ fn fidelity(
         }
     }
     // The profile kept: the probe's sample, which the row's queueing does not colour.
-    write_profile(&probe.outside_us)?;
+    write_profile(&probe.outside_us, samples[1].0)?;
     println!("\nprofile (with the probe's sample): {}", profile.display());
     Ok(())
 }
