@@ -414,9 +414,10 @@ struct Probe {
 }
 
 impl Probe {
-    /// The exponent of fleet-sim's shared host (`oversubscribed_exponent`) that gives the bursts' slowdowns, with each replica
-    /// able to keep every core busy (`threads_per_replica` = cores, so `k` busy replicas run at
-    /// `(1/k)^exponent`): least squares of `ln(slowdown) = exponent x ln(k)` over k >= 2, at least 1.
+    /// The exponent of fleet-sim's shared host (`oversubscribed_exponent`) that gives the bursts'
+    /// slowdowns, with each replica able to keep every core busy (`threads_per_replica` = cores, so `k`
+    /// busy replicas run at `(1/k)^exponent`): least squares of `ln(slowdown) = exponent x ln(k)` over
+    /// k >= 2, between 1 and 8 (what a profile takes).
     fn exponent(&self) -> f64 {
         let Some(&one) = self.bursts.first().filter(|&&one| one > 0.0) else { return 1.0 };
         let (mut num, mut den) = (0.0, 0.0);
@@ -629,54 +630,56 @@ fn fidelity(
             "{:<22} {:>24} {:>36}  verdict (on the seeds' median)",
             "policy", "hit rate pred / live", "TTFT p95 pred (8 seeds) / live"
         );
-        for (name, live) in rows.iter().filter(|(n, _)| n.starts_with("fleet-router ")) {
-            let policy = name.trim_start_matches("fleet-router ");
-            let mut hits = Vec::new();
-            let mut p95s = Vec::new();
-            for seed in 1..=8 {
-                match replay(policy, seed, None) {
-                    Ok(text) => {
-                        hits.push(crate::real::json_number(&text, "\"hit_rate\"").unwrap_or(f64::NAN));
-                        p95s.push(
-                            crate::real::json_number(&text, "\"ttft_p95_s\"").unwrap_or(f64::NAN) * 1e3,
-                        );
-                    }
-                    Err(e) => println!("{policy:<22} {e}"),
-                }
-            }
-            if p95s.is_empty() {
-                continue;
-            }
-            let (low, high) = (
-                p95s.iter().copied().fold(f64::INFINITY, f64::min),
-                p95s.iter().copied().fold(0.0, f64::max),
-            );
-            let (hit, p95_ms) = (crate::procs::median(&mut hits), crate::procs::median(&mut p95s));
-            let (live_hit, live_p95) =
-                (live.hit_rate.unwrap_or(f64::NAN), live.ttft_p95_ms.unwrap_or(f64::NAN));
-            let hit_ok = ((hit - live_hit) * 100.0).abs() <= 2.0;
-            let p95_ok = (p95_ms / live_p95 - 1.0).abs() <= 0.15;
-            println!(
-                "{policy:<22} {:>10.1}% / {:>9.1}% {:>9.0}ms ({:>4.0}-{:<4.0}) / {:>8.0}ms  {}",
-                hit * 100.0,
-                live_hit * 100.0,
-                p95_ms,
-                low,
-                high,
-                live_p95,
-                match (hit_ok, p95_ok) {
-                    (true, true) => "within both",
-                    (true, false) => "TTFT p95 off by more than 15 %",
-                    (false, true) => "hit rate off by more than 2 points",
-                    (false, false) => "both off",
-                }
-            );
-        }
+        print_predictions(&|policy, seed| replay(policy, seed, None), rows);
     }
     // The profile kept: the probe's sample, which the row's queueing does not colour.
     write_profile(&probe.outside_us, samples[1].0)?;
     println!("\nprofile (with the probe's sample): {}", profile.display());
     Ok(())
+}
+
+/// One line per fleet-router row: the hit rate and TTFT p95 `replay(policy, seed)` predicts for its
+/// policy (the median of seeds 1-8, with their range) beside the row's live figures, and whether they
+/// are within the goal (2 points, 15 %).
+fn print_predictions(replay: &dyn Fn(&str, u64) -> Result<String>, rows: &[(String, Row)]) {
+    for (name, live) in rows.iter().filter(|(n, _)| n.starts_with("fleet-router ")) {
+        let policy = name.trim_start_matches("fleet-router ");
+        let mut hits = Vec::new();
+        let mut p95s = Vec::new();
+        for seed in 1..=8 {
+            match replay(policy, seed) {
+                Ok(text) => {
+                    hits.push(crate::real::json_number(&text, "\"hit_rate\"").unwrap_or(f64::NAN));
+                    p95s.push(crate::real::json_number(&text, "\"ttft_p95_s\"").unwrap_or(f64::NAN) * 1e3);
+                }
+                Err(e) => println!("{policy:<22} {e}"),
+            }
+        }
+        if p95s.is_empty() {
+            continue;
+        }
+        let (low, high) =
+            (p95s.iter().copied().fold(f64::INFINITY, f64::min), p95s.iter().copied().fold(0.0, f64::max));
+        let (hit, p95_ms) = (crate::procs::median(&mut hits), crate::procs::median(&mut p95s));
+        let (live_hit, live_p95) = (live.hit_rate.unwrap_or(f64::NAN), live.ttft_p95_ms.unwrap_or(f64::NAN));
+        let hit_ok = ((hit - live_hit) * 100.0).abs() <= 2.0;
+        let p95_ok = (p95_ms / live_p95 - 1.0).abs() <= 0.15;
+        println!(
+            "{policy:<22} {:>10.1}% / {:>9.1}% {:>9.0}ms ({:>4.0}-{:<4.0}) / {:>8.0}ms  {}",
+            hit * 100.0,
+            live_hit * 100.0,
+            p95_ms,
+            low,
+            high,
+            live_p95,
+            match (hit_ok, p95_ok) {
+                (true, true) => "within both",
+                (true, false) => "TTFT p95 off by more than 15 %",
+                (false, true) => "hit rate off by more than 2 points",
+                (false, false) => "both off",
+            }
+        );
+    }
 }
 
 /// The engine's side of a replay, summed over its requests (`fleet-sim replay --requests-out`), in seconds:
@@ -727,4 +730,26 @@ fn extra_latency_us(recorded: &Path, modelled: &Path) -> Result<Vec<u64>> {
         .collect();
     extra.sort_unstable();
     Ok(extra)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe_of(bursts: Vec<f64>) -> Probe {
+        Probe { alone: Counters::default(), outside_us: Vec::new(), bursts }
+    }
+
+    #[test]
+    fn the_exponent_gives_the_bursts_slowdowns_and_stays_in_what_a_profile_takes() {
+        // Slowdowns of exactly k^1.5 on 2 and 3 servers give 1.5.
+        let exact = probe_of(vec![0.2, 0.2 * 2f64.powf(1.5), 0.2 * 3f64.powf(1.5)]).exponent();
+        assert!((exact - 1.5).abs() < 1e-9, "{exact}");
+        // No slowdown (or a faster burst) is a fair share at least; a huge one is capped at 8.
+        assert_eq!(probe_of(vec![0.2, 0.18, 0.2]).exponent(), 1.0);
+        assert_eq!(probe_of(vec![0.001, 10.0, 100.0]).exponent(), 8.0);
+        // Nothing to fit from: one server, or a first burst that took no time.
+        assert_eq!(probe_of(vec![0.2]).exponent(), 1.0);
+        assert_eq!(probe_of(vec![0.0, 1.0, 2.0]).exponent(), 1.0);
+    }
 }
