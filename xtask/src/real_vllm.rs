@@ -21,9 +21,14 @@
 //! follows the same KV events). Rows run in the order listed and can be narrowed with `FLEET_REAL_ROUTERS`
 //! (comma-separated parts of their names, run in the order given; a part given twice runs twice, e.g.
 //! `smg,cache_aware_approx,smg,cache_aware_approx` to see what a row's place in the run does;
-//! `FLEET_REAL_TOKENIZER=0` runs fleet-router's approximate policies without the model's tokenizer). A warm-up pass of the trace (through round_robin, not reported)
-//! runs first. Not part of CI: it is a benchmark, and on two cores its TTFTs
-//! carry the noise of three engines sharing them; compare rows of one run only.
+//! `FLEET_REAL_TOKENIZER=0` runs fleet-router's approximate policies without the model's tokenizer;
+//! `FLEET_REAL_ENGINE_METRICS_MS` sets how often fleet-router reads the servers' `/metrics`, 0 not at all;
+//! `FLEET_REAL_KV_EVENTS=0` runs them without the servers' KV events).
+//! A warm-up pass of the trace (through round_robin, not reported) runs first. Then, besides the what-if's
+//! probe, a floor ([`ColdFloor`]): the requests no router can find cached, each sent alone to an idle
+//! server, estimate the lowest TTFT p95 a row can have, printed beside the goal. Not part of CI: it is a
+//! benchmark, and on two cores its TTFTs carry the noise of three engines sharing them; compare rows of one
+//! run only.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -130,6 +135,8 @@ pub fn run_real_vllm() -> Result<()> {
     // kernels are warm).
     println!("\n== probe: cold requests alone, then bursts on 1..{SERVERS} servers at once");
     let probe = probe(&urls)?;
+    let floor = ColdFloor::measure(&bin, &dir, &trace, &urls[0])?;
+    println!("{}", floor.describe());
     let mut rows = Vec::new();
     for router in &routers {
         let name = router.name();
@@ -148,7 +155,7 @@ pub fn run_real_vllm() -> Result<()> {
     }
     drop(servers);
     let table: Vec<(String, Row)> = rows.iter().map(|(n, r, _)| (n.clone(), r.clone())).collect();
-    print_table(&table, &workload);
+    print_table(&table, &workload, &floor);
     if let Some((_, _, used)) = rows.iter().find(|(n, _, _)| n == "fleet-router round_robin") {
         fidelity(&bin, &dir, &probe, used, &table)?;
     }
@@ -157,14 +164,36 @@ pub fn run_real_vllm() -> Result<()> {
 }
 
 /// Starts one server on free ports (HTTP and KV events) and waits for `/health` (three minutes at most).
+///
+/// vLLM binds its KV-event socket half a minute after it was given the port, while it loads the model, and
+/// another process can take the port meanwhile (seen: a second server's engine failed with ZMQ's "Address
+/// already in use"). Then it starts again on other ports, as the tests' vLLM helper does.
 fn start_server(vllm: &Vllm, dir: &Path, index: usize) -> Result<Server> {
+    const ATTEMPTS: usize = 3;
+    let log_path = dir.join(format!("vllm-{index}.log"));
+    let mut attempt = 1;
+    loop {
+        match start_server_once(vllm, &log_path) {
+            Err(error)
+                if attempt < ATTEMPTS
+                    && fs::read_to_string(&log_path)
+                        .is_ok_and(|log| log.contains("Address already in use")) =>
+            {
+                println!("({error}: a port it was given was taken meanwhile; starting it again on others)");
+                attempt += 1;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+fn start_server_once(vllm: &Vllm, log_path: &Path) -> Result<Server> {
     let (port, kv_port) = (free_port()?, free_port()?);
     // vLLM binds its PUB socket only for a wildcard endpoint.
     let kv_events = format!(
         r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:{kv_port}","topic":"kv-events"}}"#
     );
-    let log_path = dir.join(format!("vllm-{index}.log"));
-    let log = File::create(&log_path).map_err(|e| e.to_string())?;
+    let log = File::create(log_path).map_err(|e| e.to_string())?;
     let child = Command::new(&vllm.python)
         .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(&vllm.model)
@@ -303,9 +332,20 @@ fn start_router(
                 args.push("--tokenizer".to_owned());
                 args.push(vllm.model.join("tokenizer.json").to_string_lossy().into_owned());
             }
+            // FLEET_REAL_ENGINE_METRICS_MS: how often fleet-router reads each server's /metrics (its default
+            // unless set; 0 turns it off), to see what the reads cost vLLM's API servers.
+            if let Ok(ms) = std::env::var("FLEET_REAL_ENGINE_METRICS_MS") {
+                args.extend(["--engine-metrics-ms".to_owned(), ms]);
+            }
+            // FLEET_REAL_KV_EVENTS=0: the approximate policies without the servers' KV events (as SMG's
+            // cache_aware), to see what following them costs. kv_precise needs them.
+            let kv_events =
+                std::env::var("FLEET_REAL_KV_EVENTS").as_deref() != Ok("0") || router.policy == "kv_precise";
             for server in servers {
                 args.push("--replica".to_owned());
-                args.push(format!("{},model={MODEL},kv=tcp://127.0.0.1:{}", server.url, server.kv_port));
+                let kv =
+                    if kv_events { format!(",kv=tcp://127.0.0.1:{}", server.kv_port) } else { String::new() };
+                args.push(format!("{},model={MODEL}{kv}", server.url));
             }
             (bin.join("fleet-router"), args)
         }
@@ -327,7 +367,7 @@ fn start_router(
     Ok((guard, format!("http://127.0.0.1:{port}")))
 }
 
-fn print_table(rows: &[(String, Row)], workload: &Workload) {
+fn print_table(rows: &[(String, Row)], workload: &Workload, floor: &ColdFloor) {
     let prompt_tokens = rows.iter().map(|(_, r)| r.computed + r.cached).sum::<f64>();
     let completed = rows.iter().map(|(_, r)| r.completed).sum::<f64>();
     println!(
@@ -371,7 +411,86 @@ fn print_table(rows: &[(String, Row)], workload: &Workload) {
             p95,
             if p95 <= 0.8 { "met" } else { "NOT met: goal <= 0.80x" }
         );
+        if let (Some(floor_ms), Some(smg_p95)) = (floor.p95_floor_ms(), smg.ttft_p95_ms) {
+            println!(
+                "floor: TTFT p95 {floor_ms:.0} ms = {:.2}x smg's, were each cold request as fast as alone and \
+                 every other instant",
+                floor_ms / smg_p95
+            );
+        }
     }
+}
+
+/// The floor placement cannot take a row's TTFT p95 below on this trace: a request that is the first of
+/// its prefix is cold wherever it goes. Each is sent once more alone to an idle server (cache emptied, the
+/// bench's own streaming client), and a row's TTFT p95 cannot be below the k-th fastest of those times if
+/// each cold request takes at least its time alone and every other takes none
+/// ([`ColdFloor::p95_floor_ms`]). An estimate, not a bound: a cold request can be a few milliseconds
+/// faster in a row than alone (an engine already awake).
+struct ColdFloor {
+    /// Requests in the trace.
+    requests: usize,
+    /// The TTFT in ms of each request that is the first of its prefix, sent alone; ascending.
+    alone_ms: Vec<f64>,
+}
+
+impl ColdFloor {
+    fn measure(bin: &Path, dir: &Path, trace: &Path, url: &str) -> Result<ColdFloor> {
+        let text = fs::read_to_string(trace).map_err(|e| format!("cannot read {}: {e}", trace.display()))?;
+        let cold = first_of_their_prefix(&text);
+        let one = dir.join("cold-alone.jsonl");
+        let mut alone_ms = Vec::new();
+        for line in &cold {
+            // At once: the bench waits out a first timestamp above zero.
+            let rest = line.split_once(", ").map_or(*line, |(_, rest)| rest);
+            fs::write(&one, format!("{{\"timestamp\": 0, {rest}\n"))
+                .map_err(|e| format!("cannot write {}: {e}", one.display()))?;
+            reset_prefix_cache(url)?;
+            let row = bench_once(bin, url, &one, &[url.to_owned()], MODEL)?;
+            alone_ms.push(row.ttft_p50_ms.ok_or("the cold request sent alone got no first token")?);
+        }
+        alone_ms.sort_by(f64::total_cmp);
+        Ok(ColdFloor { requests: text.lines().count(), alone_ms })
+    }
+
+    /// The lowest TTFT p95 a row can have. fleet-sim bench interpolates p95 between the values at ranks
+    /// floor(0.95 (n - 1)) and the next, so it is at least the value at that rank, with `above` values after
+    /// it. Were that below the k-th fastest cold request (k = cold - above), more values than the k - 1
+    /// faster cold ones and all the warm ones would lie below it. `None` when the cold ones fit above.
+    fn p95_floor_ms(&self) -> Option<f64> {
+        let n = self.requests;
+        let rank = (0.95 * n.checked_sub(1)? as f64).floor() as usize;
+        let above = n - 1 - rank;
+        let k = self.alone_ms.len().checked_sub(above).filter(|&k| k > 0)?;
+        Some(self.alone_ms[k - 1])
+    }
+
+    fn describe(&self) -> String {
+        let quantile = |q: f64| fleet_base::quantile::nearest_rank(&self.alone_ms, q).unwrap_or(f64::NAN);
+        format!(
+            "cold floor: {} of {} requests are the first of their prefix (cold under any router); sent alone to \
+             an idle server their TTFT was {:.0} / {:.0} / {:.0} ms (min / p50 / max)",
+            self.alone_ms.len(),
+            self.requests,
+            quantile(0.0),
+            quantile(0.5),
+            quantile(1.0),
+        )
+    }
+}
+
+/// The trace's lines whose first block no earlier line has: no router can find any of them cached (a
+/// block is cached only after the blocks before it).
+fn first_of_their_prefix(trace: &str) -> Vec<&str> {
+    let mut seen = std::collections::HashSet::new();
+    trace
+        .lines()
+        .filter(|line| {
+            let first =
+                line.split_once("\"hash_ids\": [").and_then(|(_, rest)| rest.split([',', ']']).next());
+            first.is_some_and(|block| seen.insert(block.trim().to_owned()))
+        })
+        .collect()
 }
 
 /// The engine cost of a fitted profile, in microseconds: one per step, one per computed prompt token.
@@ -738,6 +857,30 @@ mod tests {
 
     fn probe_of(bursts: Vec<f64>) -> Probe {
         Probe { alone: Counters::default(), outside_us: Vec::new(), bursts }
+    }
+
+    #[test]
+    fn the_cold_floor_is_the_cold_request_a_row_cannot_push_above_its_p95() {
+        let trace = "{\"timestamp\": 0, \"hash_ids\": [1, 2, 3]}\n\
+                     {\"timestamp\": 100, \"hash_ids\": [1, 2, 4]}\n\
+                     {\"timestamp\": 200, \"hash_ids\": [5, 2]}\n\
+                     {\"timestamp\": 300, \"hash_ids\": [5]}\n";
+        let cold = first_of_their_prefix(trace);
+        assert_eq!(cold.len(), 2);
+        assert!(cold[0].contains("[1, 2, 3]") && cold[1].contains("[5, 2]"), "{cold:?}");
+
+        // 300 requests, 20 cold: p95 sits at rank 284 with 15 values after it, so the 5th fastest.
+        let alone_ms: Vec<f64> = (0..20).map(|i| 40.0 + f64::from(i)).collect();
+        let floor = ColdFloor { requests: 300, alone_ms: alone_ms.clone() };
+        assert_eq!(floor.p95_floor_ms(), Some(44.0));
+        // The best row it allows (the warm ones instant, the cold ones as alone) has its p95 at or above it.
+        let mut best = vec![0.0; 280];
+        best.extend(&alone_ms);
+        let p95 = fleet_base::quantile::interpolated(&best, 0.95).unwrap_or(0.0);
+        assert!((44.0..45.0).contains(&p95), "{p95}");
+        // With 15 or fewer cold requests every one of them fits above the p95: no floor.
+        assert_eq!(ColdFloor { requests: 300, alone_ms: alone_ms[..15].to_vec() }.p95_floor_ms(), None);
+        assert_eq!(ColdFloor { requests: 0, alone_ms: Vec::new() }.p95_floor_ms(), None);
     }
 
     #[test]
