@@ -113,6 +113,8 @@ struct Cli {
     shutdown_grace_s: u64,
     /// Read each replica's queue, running requests and KV usage from its /metrics every this many
     /// milliseconds (off the request path; figures older than 4 intervals are ignored); 0 turns it off.
+    /// Each read costs the replica too (vLLM's API server renders every metric it has): with many routers,
+    /// read less often.
     #[arg(long, default_value_t = 250)]
     engine_metrics_ms: u64,
     /// Time one /metrics scrape of a replica may take, in milliseconds.
