@@ -441,7 +441,8 @@ impl ColdFloor {
         let one = dir.join("cold-alone.jsonl");
         let mut alone_ms = Vec::new();
         for line in &cold {
-            // At once: the bench waits out a first timestamp above zero.
+            // At once: the bench waits out a first timestamp above zero (a line of `write_trace` opens with
+            // its timestamp).
             let rest = line.split_once(", ").map_or(*line, |(_, rest)| rest);
             fs::write(&one, format!("{{\"timestamp\": 0, {rest}\n"))
                 .map_err(|e| format!("cannot write {}: {e}", one.display()))?;
@@ -453,10 +454,11 @@ impl ColdFloor {
         Ok(ColdFloor { requests: text.lines().count(), alone_ms })
     }
 
-    /// The lowest TTFT p95 a row can have. fleet-sim bench interpolates p95 between the values at ranks
-    /// floor(0.95 (n - 1)) and the next, so it is at least the value at that rank, with `above` values after
-    /// it. Were that below the k-th fastest cold request (k = cold - above), more values than the k - 1
-    /// faster cold ones and all the warm ones would lie below it. `None` when the cold ones fit above.
+    /// The TTFT p95 of the best row the floor allows: each cold request as fast as alone, every other
+    /// instant. fleet-sim bench interpolates p95 between the values at ranks floor(0.95 (n - 1)) and the
+    /// next, so it is at least the value at that rank, with `above` values after it. Were that below the
+    /// k-th fastest cold request (k = cold - above), more values than the k - 1 faster cold ones and all the
+    /// warm ones would lie below it. `None` when the cold ones all fit above the rank.
     fn p95_floor_ms(&self) -> Option<f64> {
         let n = self.requests;
         let rank = (0.95 * n.checked_sub(1)? as f64).floor() as usize;
@@ -467,9 +469,13 @@ impl ColdFloor {
 
     fn describe(&self) -> String {
         let quantile = |q: f64| fleet_base::quantile::nearest_rank(&self.alone_ms, q).unwrap_or(f64::NAN);
+        let floor = match self.p95_floor_ms() {
+            Some(ms) => format!("a row's TTFT p95 floor: {ms:.0} ms"),
+            None => "too few of them to hold up a row's TTFT p95".to_owned(),
+        };
         format!(
             "cold floor: {} of {} requests are the first of their prefix (cold under any router); sent alone to \
-             an idle server their TTFT was {:.0} / {:.0} / {:.0} ms (min / p50 / max)",
+             an idle server their TTFT was {:.0} / {:.0} / {:.0} ms (min / p50 / max); {floor}",
             self.alone_ms.len(),
             self.requests,
             quantile(0.0),
@@ -860,7 +866,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cold_floor_is_the_cold_request_a_row_cannot_push_above_its_p95() {
+    fn the_floor_is_the_cold_request_at_the_rank_a_p95_cannot_leave_out() {
         let trace = "{\"timestamp\": 0, \"hash_ids\": [1, 2, 3]}\n\
                      {\"timestamp\": 100, \"hash_ids\": [1, 2, 4]}\n\
                      {\"timestamp\": 200, \"hash_ids\": [5, 2]}\n\
