@@ -736,7 +736,8 @@ fn fidelity(
         sums.decode
     );
 
-    // 3. What the model leaves out, two ways, each with its predictions.
+    // 3. What the model leaves out, two ways, each with its predictions. The probe's sample comes last: the
+    // profile written with it is the one kept (the row's queueing does not colour it).
     let row_residuals = extra_latency_us(&recorded, &modelled)?;
     let samples = [
         ("round_robin's row less its replay, request by request", &row_residuals),
@@ -757,8 +758,6 @@ fn fidelity(
         );
         print_predictions(&|policy, seed| replay(policy, seed, None), rows);
     }
-    // The profile kept: the probe's sample, which the row's queueing does not colour.
-    write_profile(&probe.outside_us, samples[1].0)?;
     println!("\nprofile (with the probe's sample): {}", profile.display());
     Ok(())
 }
