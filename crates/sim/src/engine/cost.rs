@@ -126,10 +126,10 @@ impl CostProfile {
 /// `k` replicas compute at once they split the cores, each running at
 /// `min(1, cores / (k x threads_per_replica)) ^ oversubscribed_exponent` of it. With the exponent at 1
 /// that is processor sharing, as the kernel's scheduler gives busy threads equal shares. Above 1, busy
-/// replicas lose more than their share: a CPU server's step hands work between processes (vLLM's API
-/// server, engine core and worker), each handoff waiting for a core, and compute threads that wait for a
-/// descheduled peer spin. `cargo xtask bench real --engine vllm` measures it with the same burst on 1, 2
-/// and 3 servers at once. Requests' time in their API servers is not in it: that is part of
+/// replicas lose more than their share, as CPU vLLM servers do on one host (`cargo xtask bench real
+/// --engine vllm` measures it with the same burst on 1, 2 and 3 servers at once; a likely reading, not
+/// proven: each step passes between three processes, API server, engine core and worker, and each handoff
+/// can wait for a core). Requests' time in their API servers is not in it: that is part of
 /// [`Profile::extra_latency_us`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -361,8 +361,8 @@ mod tests {
         assert_eq!([host.rate(0), host.rate(1), host.rate(2), host.rate(4)], [1.0, 1.0, 0.5, 0.25]);
         let roomy = SharedHost { cores: 8.0, threads_per_replica: 2.0, oversubscribed_exponent: 1.0 };
         assert_eq!([roomy.rate(4), roomy.rate(8)], [1.0, 0.5]);
-        let spinning = SharedHost { oversubscribed_exponent: 2.0, ..roomy };
-        assert_eq!([spinning.rate(4), spinning.rate(8), spinning.rate(16)], [1.0, 0.25, 0.0625]);
+        let harsh = SharedHost { oversubscribed_exponent: 2.0, ..roomy };
+        assert_eq!([harsh.rate(4), harsh.rate(8), harsh.rate(16)], [1.0, 0.25, 0.0625]);
         let odd = format!(
             "{text}\nshared_host: {{cores: 2, threads_per_replica: 2, oversubscribed_exponent: 0.5}}\n"
         );

@@ -557,13 +557,13 @@ fn a_shared_host_slows_replicas_computing_at_once_and_none_computing_alone() {
         replayed(Some(SharedHost { cores: 2.0, threads_per_replica: 1.0, oversubscribed_exponent: 1.0 }));
     assert_eq!(roomy, alone);
 
-    // Threads that spin on an oversubscribed core lose more than their share: squared, a quarter each.
-    let (spinning, _) =
+    // Replicas that lose more than their share of an oversubscribed core: squared, a quarter each.
+    let (harsh, _) =
         replayed(Some(SharedHost { cores: 1.0, threads_per_replica: 1.0, oversubscribed_exponent: 2.0 }));
     for request in 0..2 {
-        assert!((spinning[request] - 4.0 * alone[request]).abs() < 1e-5, "{spinning:?} vs {alone:?}");
+        assert!((harsh[request] - 4.0 * alone[request]).abs() < 1e-5, "{harsh:?} vs {alone:?}");
     }
-    assert_eq!(spinning[2..], alone[2..]);
+    assert_eq!(harsh[2..], alone[2..]);
 
     // A P/D replay does not model a shared host, and says so.
     let mut pd = pd_config(pd_spec(1, 1, 4), 1);
