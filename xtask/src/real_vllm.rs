@@ -637,8 +637,8 @@ fn probe(urls: &[String]) -> Result<Probe> {
 /// 2. The host's contention: the three replicas share this machine's cores (`shared_host`), each able to
 ///    keep every core busy, with the exponent that gives the probe's bursts their slowdown
 ///    ([`Probe::exponent`]). Three vLLM servers on two cores slow each other far more than a fair share of
-///    the cores would: each step hands work between three processes (API server, engine core, worker),
-///    and each handoff waits for a core.
+///    the cores would (likely, not proven: each step passes between three processes, API server, engine
+///    core and worker, and each handoff can wait for a core).
 /// 3. What the model leaves out, the profile's `extra_latency_us` sample (the API server's templating and
 ///    tokenizing, the HTTP hops): the probe's requests alone, each one's client time less what vLLM
 ///    counted for it. The round_robin row's own residuals (each request's client TTFT less the replay's)
