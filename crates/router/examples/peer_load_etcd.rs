@@ -64,7 +64,13 @@ fn summary(index: usize, tick: u64, with_prompt: bool) -> LoadSummary {
     } else {
         Vec::new()
     };
-    LoadSummary { router: format!("{index}@{}", unix_us()), replicas, in_prefill: Vec::new(), routed }
+    LoadSummary {
+        router: format!("{index}@{}", unix_us()),
+        replicas,
+        in_prefill: Vec::new(),
+        routed,
+        engine: None,
+    }
 }
 
 #[derive(Default)]

@@ -114,7 +114,7 @@ struct Cli {
     /// Read each replica's queue, running requests and KV usage from its /metrics every this many
     /// milliseconds (off the request path; figures older than 4 intervals are ignored); 0 turns it off.
     /// Each read costs the replica too (vLLM's API server renders every metric it has): with many routers,
-    /// read less often.
+    /// share the reads (--peer-load-prefix does, unless --engine-metrics-read-all) or read less often.
     #[arg(long, default_value_t = 250)]
     engine_metrics_ms: u64,
     /// Time one /metrics scrape of a replica may take, in milliseconds.
@@ -145,6 +145,12 @@ struct Cli {
     /// How often this router publishes its load when it changed (with --peer-load-prefix), in milliseconds.
     #[arg(long, default_value_t = 25)]
     peer_load_ms: u64,
+    /// With --peer-load-prefix, read every replica's /metrics from this router too, rather than share the
+    /// reads with the fleet's other routers (by default each replica is read by one of them and its figures
+    /// reach the others with their load summaries, so that an engine pays for one read per interval, not
+    /// one per router).
+    #[arg(long)]
+    engine_metrics_read_all: bool,
     /// This router's name among the fleet's routers (its etcd key with --peer-load-prefix); default: the
     /// host name and the process id.
     #[arg(long)]
@@ -224,6 +230,7 @@ async fn run(cli: Cli) -> Result<()> {
             prefix: prefix.clone(),
             name: cli.router_name.clone().unwrap_or_else(default_router_name),
             interval: Duration::from_millis(cli.peer_load_ms),
+            share_engine_reads: !cli.engine_metrics_read_all,
         }),
         _ => None,
     };

@@ -234,6 +234,9 @@ pub struct ReplicaGauges {
     pub engine: Option<crate::engine_load::EngineView>,
     /// Engine-metrics scrapes that gave figures, and that failed.
     pub engine_scrapes: (u64, u64),
+    /// Engine reads shared through etcd: ticks left to the replica's reader among the routers, and figures
+    /// taken from another router's read.
+    pub engine_shared: (u64, u64),
 }
 
 /// The entry of the replica at `url` in a per-replica map, made on first use and kept for as long as the
@@ -640,6 +643,27 @@ fn render_engine_figures(out: &mut String, replicas: &[ReplicaGauges]) {
             "fleet_router_replica_engine_scrapes_total{{replica=\"{url}\",result=\"failed\"}} {failed}"
         );
     }
+    let shared: [PerReplicaFamily; 2] = [
+        (
+            "fleet_router_replica_engine_scrapes_delegated_total",
+            "counter",
+            "Scrape ticks this router left to the replica's reader among the fleet's routers (engine reads \
+             shared through etcd).",
+            |r| r.engine_shared.0,
+        ),
+        (
+            "fleet_router_replica_engine_reads_received_total",
+            "counter",
+            "Engine figures of a replica taken from another router's read (shared through etcd).",
+            |r| r.engine_shared.1,
+        ),
+    ];
+    for (name, kind, help, value) in shared {
+        family(out, name, kind, help);
+        for (replica, _) in &scraped {
+            let _ = writeln!(out, "{name}{{replica=\"{}\"}} {}", escape(&replica.url), value(replica));
+        }
+    }
 }
 
 pub(crate) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -682,6 +706,7 @@ mod tests {
             idle_connections: 3,
             engine: None,
             engine_scrapes: (0, 0),
+            engine_shared: (0, 0),
         }];
         let text = metrics.render("cache_aware_approx", 3, &gauges, 7);
         assert!(

@@ -44,6 +44,18 @@
 //! two summaries is unknown to the others for that long, and one written while a watcher reconnects is
 //! lost to it: the approximate policies tolerate both.
 //!
+//! The summaries carry one more thing, unless a router runs with `--engine-metrics-read-all`: the engine
+//! figures (queue, running, KV usage) it read itself from the replicas' `/metrics`, with their age. Each
+//! replica is then read by one router, not all of them (`engine_load.rs` says which and why): a router
+//! that shares its reads publishes an `engine` map, possibly empty, and only such routers are given
+//! replicas to read. A new read counts as a change, so a router that reads some replica writes its summary
+//! every `--engine-metrics-ms` (250 ms) even when idle, not every second: 50 idle routers write 200 small
+//! values a second to etcd rather than 50, and each replica is read 4 times a second rather than 200.
+//! Another router's read reaches this one a publish interval and etcd's delivery later than its own
+//! would; requests it routes meanwhile count from the next figures. Routers that share a prefix are meant
+//! to serve the same replicas: a replica given to a router that does not serve it is read by the others
+//! themselves whenever its figures age past the handover (every third interval or so), not lost.
+//!
 //! Nothing here is on the request path: picks read the engine under the lock they already take.
 
 use std::collections::BTreeMap;
@@ -57,6 +69,7 @@ use fleet_etcd::{EtcdClient, EtcdConfig, EtcdError, MAX_PREFIX_KEYS, WatchEvent,
 use fleet_policy::{PeerLoad, ReplicaId, RoutedPrompt};
 use serde::{Deserialize, Serialize};
 
+use crate::engine_load::EngineFigures;
 use crate::etcd_sessions::{self, Backoff, Connection, Sessions};
 use crate::state::{FleetView, RouterState, lock};
 
@@ -80,6 +93,9 @@ pub struct PeerLoadConfig {
     pub name: String,
     /// How often it publishes its own load.
     pub interval: Duration,
+    /// Whether it shares its reads of the replicas' `/metrics` with the other routers and takes theirs
+    /// (each replica read by one router; see the module docs). On by default.
+    pub share_engine_reads: bool,
 }
 
 impl PeerLoadConfig {
@@ -90,6 +106,7 @@ impl PeerLoadConfig {
             prefix: prefix.to_owned(),
             name: name.to_owned(),
             interval: DEFAULT_INTERVAL,
+            share_engine_reads: true,
         }
     }
 
@@ -126,7 +143,7 @@ impl PeerLoadConfig {
 /// What one router publishes: its own in-flight load per replica, by the replica's URL (routers number
 /// replicas each their own way; the URL is what they share), and the prompts it routed since its last
 /// summary, so that the others place a prefix where it sent it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LoadSummary {
     /// The publishing router's name.
     pub router: String,
@@ -139,6 +156,34 @@ pub struct LoadSummary {
     /// The prompts it routed since its previous summary (under the policies that use them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routed: Vec<SharedPrompt>,
+    /// The engine figures it read itself, by replica URL, when it shares its reads (`None`: it does not,
+    /// and is given no replica to read; empty: it shares and holds no fresh read of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<BTreeMap<String, SharedFigures>>,
+}
+
+/// One replica's figures as the router that read them shares them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SharedFigures {
+    /// Requests waiting in the replica's queue, if its engine says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<f64>,
+    /// Requests it is running, if its engine says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<f64>,
+    /// Its KV-cache usage, 0 to 1, if its engine says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_usage: Option<f64>,
+    /// How old the read was when the summary was written, in milliseconds: routers' clocks differ, so
+    /// the receiver dates it by its own clock, as arrived less this.
+    pub age_ms: u64,
+}
+
+impl SharedFigures {
+    /// The figures as read at `at_ms` by this router's clock.
+    fn figures_at(&self, at_ms: u64) -> EngineFigures {
+        EngineFigures { waiting: self.waiting, running: self.running, kv_usage: self.kv_usage, at_ms }
+    }
 }
 
 /// A prompt a router routed, as it shares it: `Engine::take_routed_prompts` with the replica by URL.
@@ -181,7 +226,39 @@ impl LoadSummary {
         }
         in_prefill.sort_unstable();
         in_prefill.dedup();
-        Self { router: name.to_owned(), replicas, in_prefill, routed: Vec::new() }
+        Self { router: name.to_owned(), replicas, in_prefill, routed: Vec::new(), engine: None }
+    }
+
+    /// The figures this router read itself and still fresh at `now_ms` (at most `max_age_ms` old), by
+    /// replica URL: what it shares of its engine reads.
+    pub fn own_engine_reads(
+        fleet: &FleetView,
+        now_ms: u64,
+        max_age_ms: u64,
+    ) -> BTreeMap<String, EngineFigures> {
+        fleet
+            .replicas
+            .iter()
+            .filter_map(|replica| {
+                let figures = replica.engine_load.own_read()?;
+                (now_ms.saturating_sub(figures.at_ms) <= max_age_ms)
+                    .then(|| (replica.spec.url.clone(), figures))
+            })
+            .collect()
+    }
+
+    /// Sets the shared engine figures from `reads`, aged as of `now_ms`.
+    fn set_engine_reads(&mut self, reads: &BTreeMap<String, EngineFigures>, now_ms: u64) {
+        let shared = reads.iter().map(|(url, figures)| {
+            let shared = SharedFigures {
+                waiting: figures.waiting,
+                running: figures.running,
+                kv_usage: figures.kv_usage,
+                age_ms: now_ms.saturating_sub(figures.at_ms),
+            };
+            (url.clone(), shared)
+        });
+        self.engine = Some(shared.collect());
     }
 
     /// The prompts every group engine routed since the last call, by replica URL.
@@ -238,6 +315,8 @@ struct Peer {
     requests: u64,
     /// Replicas its summary named.
     replicas: usize,
+    /// Whether it shares its engine reads, and how many replicas' figures its summary carried.
+    engine_reads: Option<usize>,
 }
 
 /// The sharing's state, as `/admin/state` and `/metrics` show it.
@@ -284,6 +363,17 @@ impl PeerLoadShare {
         })
     }
 
+    /// The other routers that share their engine reads and whose summaries count at `now_ms`: with this
+    /// one, the candidates to read each replica (`engine_load::reader_of`).
+    pub fn engine_readers(&self, now_ms: u64) -> Vec<String> {
+        let max_age = PEER_MAX_AGE.as_millis() as u64;
+        lock(&self.peers)
+            .iter()
+            .filter(|(_, peer)| peer.engine_reads.is_some() && now_ms.saturating_sub(peer.at_ms) <= max_age)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Other routers whose summaries count at `now_ms`.
     pub fn fresh_peers(&self, now_ms: u64) -> usize {
         let max_age = PEER_MAX_AGE.as_millis() as u64;
@@ -303,6 +393,7 @@ impl PeerLoadShare {
                     "counted": age_ms <= max_age,
                     "requests": peer.requests,
                     "replicas": peer.replicas,
+                    "engine_reads": peer.engine_reads,
                 })
             })
             .collect();
@@ -311,6 +402,7 @@ impl PeerLoadShare {
             "key": self.config.key(),
             "prefix": self.config.prefix,
             "interval_ms": self.config.interval.as_millis() as u64,
+            "share_engine_reads": self.config.share_engine_reads,
             "connected": self.publisher.connected() && self.watcher.connected(),
             "publish_error": self.publisher.error(),
             "watch_error": self.watcher.error(),
@@ -397,7 +489,11 @@ impl PeerLoadShare {
             }
             let requests =
                 summary.replicas.values().fold(0_u64, |sum, load| sum.saturating_add(load.requests));
-            peers.insert(name.clone(), Peer { at_ms: now_ms, requests, replicas: summary.replicas.len() });
+            let engine_reads = summary.engine.as_ref().map(BTreeMap::len);
+            peers.insert(
+                name.clone(),
+                Peer { at_ms: now_ms, requests, replicas: summary.replicas.len(), engine_reads },
+            );
         }
         self.received.fetch_add(1, Ordering::Relaxed);
         self.prompts_received.fetch_add(summary.routed.len() as u64, Ordering::Relaxed);
@@ -411,6 +507,25 @@ impl PeerLoadShare {
                 engine.engine.observe_peer_prompts(&name, &routed, &summary.in_prefill, now_ms);
             }
         }
+        if let Some(reads) = summary.engine.as_ref().filter(|_| self.takes_engine_reads(state)) {
+            for replica in &fleet.replicas {
+                let Some(shared) = reads.get(&replica.spec.url) else { continue };
+                let figures = shared.figures_at(now_ms.saturating_sub(shared.age_ms));
+                if !replica.engine_load.record_shared(figures, &name) {
+                    continue;
+                }
+                if let Some(group) = fleet.groups.get(&replica.model) {
+                    let mut engine = lock(group.engine_for(replica.spec.role));
+                    let _ = engine.engine.set_metrics(replica.id, figures.metrics(), figures.at_ms);
+                }
+            }
+        }
+    }
+
+    /// Whether this router shares engine reads: it reads the replicas' `/metrics` and has not been told
+    /// to read every replica itself.
+    fn takes_engine_reads(&self, state: &RouterState) -> bool {
+        self.config.share_engine_reads && state.config.engine_metrics.enabled()
     }
 
     /// Forgets router `name` (its key was deleted: its lease expired or it shut down).
@@ -435,7 +550,10 @@ impl PeerLoadShare {
 pub async fn publish_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
     let key = share.config.key();
     let mut lease: Option<i64> = None;
-    let mut last: Option<(Vec<u8>, Instant)> = None;
+    // The last summary written: its load and prompts (encoded), the engine reads it carried, and when.
+    let mut last: Option<(Vec<u8>, BTreeMap<String, EngineFigures>, Instant)> = None;
+    let shares_reads = share.takes_engine_reads(&state);
+    let max_age_ms = state.config.engine_metrics.max_age_ms().unwrap_or(0);
     let mut keep_alive_at = Instant::now();
     let mut backoff_until = Instant::now();
     let mut backoff = Backoff::new();
@@ -458,7 +576,8 @@ pub async fn publish_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
             continue;
         }
         let mut summary = LoadSummary::of(&share.config.name, &fleet);
-        // The load alone decides whether the summary changed; new prompts always go out.
+        // The load and the engine reads decide whether the summary changed (a read's age changes every
+        // tick, the read itself only when made); new prompts always go out.
         let load = match serde_json::to_vec(&summary) {
             Ok(load) => load,
             Err(error) => {
@@ -466,28 +585,33 @@ pub async fn publish_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
                 continue;
             }
         };
-        let unchanged = unsent.is_empty()
-            && last.as_ref().is_some_and(|(previous, at)| {
-                *previous == load && now.duration_since(*at) < REPUBLISH_UNCHANGED
-            });
-        let value = if unsent.is_empty() {
-            load.clone()
+        let now_ms = state.now_ms();
+        let reads = if shares_reads {
+            LoadSummary::own_engine_reads(&fleet, now_ms, max_age_ms)
         } else {
-            // A copy: the prompts stay unsent until the write succeeds.
-            summary.routed = unsent.clone();
-            match serde_json::to_vec(&summary) {
-                Ok(value) => value,
-                Err(error) => {
-                    tracing::error!(%error, "cannot encode the load summary");
-                    continue;
-                }
+            BTreeMap::new()
+        };
+        let unchanged = unsent.is_empty()
+            && last.as_ref().is_some_and(|(previous, previous_reads, at)| {
+                *previous == load && *previous_reads == reads && now.duration_since(*at) < REPUBLISH_UNCHANGED
+            });
+        if shares_reads {
+            summary.set_engine_reads(&reads, now_ms);
+        }
+        // A copy: the prompts stay unsent until the write succeeds.
+        summary.routed = unsent.clone();
+        let value = match serde_json::to_vec(&summary) {
+            Ok(value) => value,
+            Err(error) => {
+                tracing::error!(%error, "cannot encode the load summary");
+                continue;
             }
         };
         let outcome = publish_once(&share, &key, &value, unchanged, &mut lease, &mut keep_alive_at).await;
         match outcome {
             Ok(wrote) => {
                 if wrote {
-                    last = Some((load, now));
+                    last = Some((load, reads, now));
                     share.prompts_published.fetch_add(unsent.len() as u64, Ordering::Relaxed);
                     unsent.clear();
                 }
@@ -669,6 +793,16 @@ mod tests {
             replica: "http://10.0.0.1:8000".into(),
             marks: vec![u64::MAX, 1],
         }];
+        let bytes = serde_json::to_vec(&summary).expect("encodes");
+        assert_eq!(LoadSummary::parse(&bytes), Ok(summary.clone()));
+        // Engine reads: a router that shares them says so even with none to give.
+        summary.engine = Some(BTreeMap::new());
+        let bytes = serde_json::to_vec(&summary).expect("encodes");
+        assert!(String::from_utf8_lossy(&bytes).contains("\"engine\":{}"));
+        summary.engine = Some(BTreeMap::from([(
+            "http://10.0.0.1:8000".to_owned(),
+            SharedFigures { waiting: Some(2.0), running: None, kv_usage: Some(0.5), age_ms: 40 },
+        )]));
         let bytes = serde_json::to_vec(&summary).expect("encodes");
         assert_eq!(LoadSummary::parse(&bytes), Ok(summary));
         let error = LoadSummary::parse(b"{\"router\": 3}").expect_err("wrong shape");

@@ -967,6 +967,11 @@ impl RouterState {
                     "scrapes_ok": replica.engine_load.scrapes_ok.load(Ordering::Relaxed),
                     "scrapes_failed": replica.engine_load.scrapes_failed.load(Ordering::Relaxed),
                     "scrapes_skipped": replica.engine_load.scrapes_skipped.load(Ordering::Relaxed),
+                    // Engine reads shared through etcd: whose read these figures are (null: this
+                    // router's), ticks left to the replica's reader, and reads taken from others.
+                    "read_by": view.read_by,
+                    "scrapes_delegated": replica.engine_load.scrapes_delegated.load(Ordering::Relaxed),
+                    "reads_received": replica.engine_load.reads_received.load(Ordering::Relaxed),
                 })
             });
             replicas.push(serde_json::json!({
@@ -1079,6 +1084,10 @@ impl RouterState {
                     engine_scrapes: (
                         replica.engine_load.scrapes_ok.load(Ordering::Relaxed),
                         replica.engine_load.scrapes_failed.load(Ordering::Relaxed),
+                    ),
+                    engine_shared: (
+                        replica.engine_load.scrapes_delegated.load(Ordering::Relaxed),
+                        replica.engine_load.reads_received.load(Ordering::Relaxed),
                     ),
                 }
             })

@@ -3,13 +3,15 @@
 //! good policy (counted, shown), refuses admin policy changes, keeps its policy through an etcd outage and
 //! catches up after it, and reads a key behind etcd's user/password auth. Routers over one fleet share
 //! their in-flight load through etcd (`peer_load`): each hears of the others' requests, forgets a router
-//! whose key goes (its lease expired, or it shut down), and places a prefix where another router sent it.
+//! whose key goes (its lease expired, or it shut down), and places a prefix where another router sent it;
+//! they split the reads of the replicas' `/metrics` among themselves, and take over a gone router's share.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use fleet_etcd::Credentials;
-use fleet_router::{EtcdPolicySource, PeerLoadConfig, RouterConfig};
+use fleet_router::engine_load::reader_of;
+use fleet_router::{EngineMetricsConfig, EtcdPolicySource, PeerLoadConfig, RouterConfig};
 use fleet_sim::ModelConfig;
 use fleet_test_support::endpoints::gated_replica;
 use fleet_test_support::etcd::EtcdServer;
@@ -348,5 +350,85 @@ async fn a_router_places_a_prefix_where_another_router_sent_it() -> Result<()> {
     assert_eq!(decision["branch"], "cache", "{decision}");
     let metrics = http.get(format!("{}/metrics", a.url)).send().await?.text().await?;
     assert_eq!(metric(&metrics, "fleet_router_peer_prompts_published_total"), Some(2.0), "{metrics}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn routers_split_the_replicas_metrics_reads_and_one_takes_over_when_another_goes() -> Result<()> {
+    let etcd = EtcdServer::start().await?;
+    let sim = spawn_sim(4, ModelConfig::default()).await?;
+    // Routers a and b share their engine reads; c reads every replica itself (--engine-metrics-read-all).
+    let over_the_fleet = |name: &str, share_engine_reads: bool| {
+        let mut share = PeerLoadConfig::new(&etcd.url(), LOAD_PREFIX, name);
+        share.interval = Duration::from_millis(50);
+        share.share_engine_reads = share_engine_reads;
+        RouterConfig {
+            replicas: sim.urls().to_vec(),
+            admin_token: Some(TOKEN.into()),
+            engine_metrics: EngineMetricsConfig {
+                interval: Duration::from_millis(100),
+                ..EngineMetricsConfig::default()
+            },
+            peer_load: Some(share),
+            ..RouterConfig::default()
+        }
+    };
+    let a = router(over_the_fleet("a", true)).await?;
+    let b = router(over_the_fleet("b", true)).await?;
+    let c = router(over_the_fleet("c", false)).await?;
+    // Each replica is read by a or b, whichever ranks first for its URL (c takes no share), and the other
+    // holds that router's figures, fresh.
+    let reader = |url: &str| reader_of(url, ["a", "b"]).map(str::to_owned);
+    let split_as_hashed = |me: &str, state: &Value| {
+        state["replicas"].as_array().is_some_and(|replicas| {
+            replicas.len() == 4
+                && replicas.iter().all(|replica| {
+                    let engine = &replica["engine"];
+                    let expected = reader(replica["url"].as_str().unwrap_or_default())
+                        .filter(|reader| reader != me)
+                        .map_or(Value::Null, Value::from);
+                    engine["stale"] == false && engine["read_by"] == expected
+                })
+        })
+    };
+    let state = state_until(&b, "b to read its replicas and take a's reads of the others", |s| {
+        split_as_hashed("b", s)
+    })
+    .await?;
+    let peers = state["peer_load"]["peers"].as_array().context("b's peers")?;
+    let c_entry = peers.iter().find(|p| p["name"] == "c").context("b hears of c")?;
+    assert!(c_entry["engine_reads"].is_null(), "c shares no reads: {state}");
+    state_until(&a, "a to read its replicas and take b's reads of the others", |s| split_as_hashed("a", s))
+        .await?;
+    // b left a's replicas to a on some ticks, and says so in its metrics.
+    let metrics = client().get(format!("{}/metrics", b.url)).send().await?.text().await?;
+    crate::admin::promtool_check(&metrics).await?;
+    let delegated: f64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("fleet_router_replica_engine_scrapes_delegated_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    let a_reads = sim.urls().iter().filter(|url| reader(url).as_deref() == Some("a")).count();
+    assert_eq!(
+        delegated > 0.0,
+        a_reads > 0,
+        "a reads {a_reads} replicas, b delegated {delegated}: {metrics}"
+    );
+    // c reads everything itself, whatever the others share.
+    state_until(&c, "c to read every replica itself", |s| {
+        s["replicas"].as_array().is_some_and(|replicas| {
+            replicas.iter().all(|r| r["engine"]["stale"] == false && r["engine"]["read_by"].is_null())
+        })
+    })
+    .await?;
+
+    // a goes: b reads every replica itself again, its figures never lapsing for want of a reader.
+    drop(a);
+    state_until(&b, "b to read every replica itself once a is gone", |s| {
+        s["replicas"].as_array().is_some_and(|replicas| {
+            replicas.iter().all(|r| r["engine"]["stale"] == false && r["engine"]["read_by"].is_null())
+        })
+    })
+    .await?;
     Ok(())
 }
