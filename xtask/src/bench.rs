@@ -2,7 +2,8 @@
 //! (`fidelity`, fleet-demo's; `etcd`, the control crate's; `skew`, fleet-sim's; `peer-load`, fleet-router's). The router bench is in `router_bench.rs`, the peers bench in `peers.rs`,
 //! many routers over one fleet (`bench routers`) in `routers.rs`, P/D thresholds live and in the what-if
 //! (`bench pd`) in `pd_bench.rs`,
-//! `bench real` in `real.rs` (llama.cpp) and `real_vllm.rs` (vLLM, with the peers); their shared process kit in `procs.rs`.
+//! `bench real` in `real.rs` (llama.cpp) and `real_vllm.rs` (vLLM, with the peers; `bench fidelity --engine
+//! vllm` runs its fleet-router rows and the what-if alone); their shared process kit in `procs.rs`.
 
 use std::process::Command;
 
@@ -23,10 +24,13 @@ pub fn run_bench(args: &[String]) -> Result<()> {
             [flag, engine] if flag == "--engine" && engine == "vllm" => crate::real_vllm::run_real_vllm(),
             other => Err(format!("bench real takes --engine llamacpp|vllm (default llamacpp), not {other:?}")),
         },
-        Some("fidelity") => fidelity_bench(&args[1..]),
+        Some("fidelity") => match &args[1..] {
+            [flag, engine] if flag == "--engine" && engine == "vllm" => crate::real_vllm::run_fidelity(),
+            extra => fidelity_bench(extra),
+        },
         Some("skew") => skew_bench(&args[1..]),
         _ => Err(
-            "usage: cargo xtask bench router | peers | routers | pd | real [--engine llamacpp|vllm] | fidelity [REQUESTS] [--scenario NAME] [--policy NAME] [--keep-traces DIR] | skew [MOONCAKE_TRACE] | etcd [--routers N] [--pushes N] | peer-load [--routers 4,16,50] [--interval-ms 25] [--seconds 10] [--prompts-per-s 3]"
+            "usage: cargo xtask bench router | peers | routers | pd | real [--engine llamacpp|vllm] | fidelity [REQUESTS] [--scenario NAME] [--policy NAME] [--keep-traces DIR] | fidelity --engine vllm | skew [MOONCAKE_TRACE] | etcd [--routers N] [--pushes N] | peer-load [--routers 4,16,50] [--interval-ms 25] [--seconds 10] [--prompts-per-s 3]"
                 .to_owned(),
         ),
     }

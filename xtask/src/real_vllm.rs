@@ -23,7 +23,8 @@
 //! `smg,cache_aware_approx,smg,cache_aware_approx` to see what a row's place in the run does;
 //! `FLEET_REAL_TOKENIZER=0` runs fleet-router's approximate policies without the model's tokenizer;
 //! `FLEET_REAL_ENGINE_METRICS_MS` sets how often fleet-router reads the servers' `/metrics`, 0 not at all;
-//! `FLEET_REAL_KV_EVENTS=0` runs them without the servers' KV events).
+//! `FLEET_REAL_KV_EVENTS=0` runs them without the servers' KV events; `FLEET_REAL_OMP_THREADS` sets the
+//! servers' compute threads, one by default: see [`omp_threads`]).
 //! A warm-up pass of the trace (through round_robin, not reported) runs first. Then, besides the what-if's
 //! probe, a floor ([`ColdFloor`]): the requests no router can find cached, each sent alone to an idle
 //! server, estimate the lowest TTFT p95 a row can have, printed beside the goal. Not part of CI: it is a
@@ -52,6 +53,17 @@ const BLOCK_SIZE: u32 = 32;
 fn kv_blocks() -> u32 {
     crate::procs::env_positive("FLEET_REAL_KV_BLOCKS", 448)
 }
+/// OpenMP threads of each server's worker (`FLEET_REAL_OMP_THREADS` changes it): one, so that three servers
+/// on two cores do not run six compute threads. With torch's default (a thread per core: vLLM's CPU worker
+/// skips its own `set_num_threads(1)` when not bound to cores, its log says so) the rows tipped: a stall of
+/// a second or more on every server at once, in 13 of 32 rows of ten runs (2026-12-07), and in none of 9
+/// rows of three runs with one thread, nor of 3 with the idle threads sleeping (`OMP_WAIT_POLICY=PASSIVE`).
+/// An OpenMP thread that finds its partner descheduled at a region's barrier spins for it; with more threads
+/// than cores that can take whole time slices from the other servers, whose steps then slow in turn. The
+/// price: a cold request alone takes 65-67 ms rather than 41-49 ms (min over its prefix's first requests).
+fn omp_threads() -> u32 {
+    crate::procs::env_positive("FLEET_REAL_OMP_THREADS", 1)
+}
 const MAX_MODEL_LEN: u32 = 4096;
 const MAX_NUM_SEQS: u32 = 8;
 const MAX_BATCHED_TOKENS: u32 = 4096;
@@ -73,6 +85,18 @@ struct Server {
 }
 
 pub fn run_real_vllm() -> Result<()> {
+    run_rows(None)
+}
+
+/// `cargo xtask bench fidelity --engine vllm`: the what-if on real vLLM alone, fleet-router's rows without
+/// the peers' (round_robin's recording is what the what-if replays; the others are what it predicts).
+pub fn run_fidelity() -> Result<()> {
+    run_rows(Some("fleet-router"))
+}
+
+/// The bench over the rows `FLEET_REAL_ROUTERS` names, else those whose names contain `default_rows`, else
+/// all of them.
+fn run_rows(default_rows: Option<&str>) -> Result<()> {
     let vllm = ensure_vllm()?;
     let venv = ensure_peers()?;
     run(cargo(), &["build", "--release", "-p", "fleet-sim", "--bins"], &[])?;
@@ -85,7 +109,7 @@ pub fn run_real_vllm() -> Result<()> {
     write_trace(&trace, &workload)?;
 
     let mut routers = ROUTERS.to_vec();
-    if let Ok(only) = std::env::var("FLEET_REAL_ROUTERS") {
+    if let Some(only) = std::env::var("FLEET_REAL_ROUTERS").ok().or(default_rows.map(str::to_owned)) {
         // In the order given, each pattern's matches in the table's order; a pattern given twice runs its
         // rows twice (to see how much a row's place in the run moves its figures).
         routers = only
@@ -212,6 +236,7 @@ fn start_server_once(vllm: &Vllm, log_path: &Path) -> Result<Server> {
         .env("VLLM_SERVER_DEV_MODE", "1")
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
         .env("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        .env("OMP_NUM_THREADS", omp_threads().to_string())
         .env("HF_HUB_OFFLINE", "1")
         .env("VLLM_NO_USAGE_STATS", "1")
         .env("DO_NOT_TRACK", "1")
@@ -540,16 +565,21 @@ struct Probe {
 
 impl Probe {
     /// The exponent of fleet-sim's shared host (`oversubscribed_exponent`) that gives the bursts'
-    /// slowdowns, with each replica able to keep every core busy (`threads_per_replica` = cores, so `k`
-    /// busy replicas run at `(1/k)^exponent`): least squares of `ln(slowdown) = exponent x ln(k)` over
-    /// k >= 2, between 1 and 8 (what a profile takes).
-    fn exponent(&self) -> f64 {
+    /// slowdowns on `cores` cores with `threads_per_replica` compute threads a server: `k` busy servers
+    /// ask `k x threads` of the cores and, where that is more than there are, run at
+    /// `(cores / demand)^exponent`. Least squares of `ln(slowdown) = exponent x ln(demand / cores)` over
+    /// the bursts that oversubscribe the cores, between 1 and 8 (what a profile takes); 1 (a fair share)
+    /// when none does.
+    fn exponent(&self, cores: f64, threads_per_replica: f64) -> f64 {
         let Some(&one) = self.bursts.first().filter(|&&one| one > 0.0) else { return 1.0 };
         let (mut num, mut den) = (0.0, 0.0);
         for (index, wall) in self.bursts.iter().enumerate().skip(1) {
-            let k = (index + 1) as f64;
-            num += (wall / one).max(1.0).ln() * k.ln();
-            den += k.ln() * k.ln();
+            let load = (index + 1) as f64 * threads_per_replica / cores;
+            if load <= 1.0 {
+                continue;
+            }
+            num += (wall / one).max(1.0).ln() * load.ln();
+            den += load.ln() * load.ln();
         }
         if den == 0.0 { 1.0 } else { (num / den).clamp(1.0, 8.0) }
     }
@@ -634,11 +664,12 @@ fn probe(urls: &[String]) -> Result<Probe> {
 ///
 /// 1. The engine's cost alone: the probe's requests, each on a server computing nothing else
 ///    ([`probe`]), by the closed form of vLLM's counters ([`Fit::of`]).
-/// 2. The host's contention: the three replicas share this machine's cores (`shared_host`), each able to
-///    keep every core busy, with the exponent that gives the probe's bursts their slowdown
-///    ([`Probe::exponent`]). Three vLLM servers on two cores slow each other far more than a fair share of
-///    the cores would (likely, not proven: each step passes between three processes, API server, engine
-///    core and worker, and each handoff can wait for a core).
+/// 2. The host's contention: the three replicas share this machine's cores (`shared_host`), each
+///    computing on its OpenMP threads ([`omp_threads`]), with the exponent that gives the probe's bursts
+///    their slowdown ([`Probe::exponent`]). With one thread a server, two servers computing at once fit
+///    two cores and three ask for 1.5 of them; the bursts took 1.0x / 1.2-1.3x / 1.8x as long on 1 / 2 / 3
+///    servers (2026-12-07), a little worse than a fair share (the engine core and API server processes
+///    want the cores too), so the exponent comes out near 1.45.
 /// 3. What the model leaves out, the profile's `extra_latency_us` sample (the API server's templating and
 ///    tokenizing, the HTTP hops): the probe's requests alone, each one's client time less what vLLM
 ///    counted for it. The round_robin row's own residuals (each request's client TTFT less the replay's)
@@ -663,8 +694,10 @@ fn fidelity(
     rows: &[(String, Row)],
 ) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Each server's worker computes on its OpenMP threads (`omp_threads`), at most a core each.
+    let threads = omp_threads().min(cores as u32);
     let fit = Fit::of(&probe.alone);
-    let exponent = probe.exponent();
+    let exponent = probe.exponent(cores as f64, f64::from(threads));
     let profile = dir.join("vllm-cpu-tiny-fitted.yaml");
     // `extra_source` says where the sample came from, in the profile's own `sources`.
     let write_profile = |extra_latency_us: &[u64], extra_source: &str| {
@@ -682,7 +715,7 @@ fn fidelity(
              max_num_batched_tokens: {MAX_BATCHED_TOKENS}\n\
              cost:\n  step_us: {step_us:.1}\n  prefill_token_us: {prefill_token_us:.2}\n  prefill_attn_us_per_ktok: 0\n  \
              decode_seq_us: 0\n  decode_ctx_us_per_ktok: 0\n\
-             shared_host:\n  cores: {cores}\n  threads_per_replica: {cores}\n  oversubscribed_exponent: {exponent:.3}\n\
+             shared_host:\n  cores: {cores}\n  threads_per_replica: {threads}\n  oversubscribed_exponent: {exponent:.3}\n\
              extra_latency_us: {extra_latency_us:?}\n\
              sources:\n  - \"cost: vLLM's request_prefill_time and request_decode_time over requests computed alone\"\n  \
              - \"shared_host: this machine's cores; the exponent: the slowdown of the same burst on 1..{SERVERS} servers at once\"\n  \
@@ -722,7 +755,7 @@ fn fidelity(
         probe.bursts.iter().map(|wall| format!("{:.1}x", wall / probe.bursts[0])).collect();
     println!(
         "\nwhat-if profile: alone, {:.0} us a step and {:.1} us a prompt token ({:.0} probe requests); bursts on \
-         1..{SERVERS} servers at once {} -> {cores} cores shared with exponent {exponent:.2}\n\
+         1..{SERVERS} servers at once {} -> {cores} cores shared, {threads} thread(s) a server, exponent {exponent:.2}\n\
          round_robin's row: vLLM counted {:.2} s queued, {:.2} s prefill, {:.2} s decode; its replay {:.2}, {:.2}, {:.2}",
         fit.step_us,
         fit.prefill_token_us,
@@ -890,14 +923,18 @@ mod tests {
 
     #[test]
     fn the_exponent_gives_the_bursts_slowdowns_and_stays_in_what_a_profile_takes() {
-        // Slowdowns of exactly k^1.5 on 2 and 3 servers give 1.5.
-        let exact = probe_of(vec![0.2, 0.2 * 2f64.powf(1.5), 0.2 * 3f64.powf(1.5)]).exponent();
+        // Each server able to take both cores: slowdowns of exactly k^1.5 on 2 and 3 servers give 1.5.
+        let exact = probe_of(vec![0.2, 0.2 * 2f64.powf(1.5), 0.2 * 3f64.powf(1.5)]).exponent(2.0, 2.0);
         assert!((exact - 1.5).abs() < 1e-9, "{exact}");
+        // One thread a server: two servers fit two cores (their burst is not fitted), three ask 1.5x them.
+        let one_thread = probe_of(vec![0.2, 0.9, 0.2 * 1.5f64.powf(2.0)]).exponent(2.0, 1.0);
+        assert!((one_thread - 2.0).abs() < 1e-9, "{one_thread}");
+        assert_eq!(probe_of(vec![0.2, 0.9]).exponent(2.0, 1.0), 1.0, "nothing oversubscribed: a fair share");
         // No slowdown (or a faster burst) is a fair share at least; a huge one is capped at 8.
-        assert_eq!(probe_of(vec![0.2, 0.18, 0.2]).exponent(), 1.0);
-        assert_eq!(probe_of(vec![0.001, 10.0, 100.0]).exponent(), 8.0);
+        assert_eq!(probe_of(vec![0.2, 0.18, 0.2]).exponent(2.0, 2.0), 1.0);
+        assert_eq!(probe_of(vec![0.001, 10.0, 100.0]).exponent(2.0, 2.0), 8.0);
         // Nothing to fit from: one server, or a first burst that took no time.
-        assert_eq!(probe_of(vec![0.2]).exponent(), 1.0);
-        assert_eq!(probe_of(vec![0.0, 1.0, 2.0]).exponent(), 1.0);
+        assert_eq!(probe_of(vec![0.2]).exponent(2.0, 2.0), 1.0);
+        assert_eq!(probe_of(vec![0.0, 1.0, 2.0]).exponent(2.0, 2.0), 1.0);
     }
 }

@@ -127,17 +127,19 @@ impl CostProfile {
 /// `min(1, cores / (k x threads_per_replica)) ^ oversubscribed_exponent` of it. With the exponent at 1
 /// that is processor sharing, as the kernel's scheduler gives busy threads equal shares. Above 1, busy
 /// replicas lose more than their share, as CPU vLLM servers do on one host (`cargo xtask bench real
-/// --engine vllm` measures it with the same burst on 1, 2 and 3 servers at once; a likely reading, not
-/// proven: each step passes between three processes, API server, engine core and worker, and each handoff
-/// can wait for a core). Requests' time in their API servers is not in it: that is part of
-/// [`Profile::extra_latency_us`].
+/// --engine vllm` measures it with the same burst on 1, 2 and 3 servers at once: with one compute thread
+/// a server, 1.0x / 1.2-1.3x / 1.8x on two cores, an exponent near 1.45, their engine-core and API-server
+/// processes wanting the cores too; with torch's two threads a server, 2.3-4.4x and 4.7-7.5x, an excess
+/// that went with one thread, or with two whose idle waits sleep, so OpenMP threads spinning at a barrier
+/// for a partner another server had descheduled). Requests' time in their API
+/// servers is not in it: that is part of [`Profile::extra_latency_us`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SharedHost {
     /// Cores of the host.
     pub cores: f64,
-    /// Cores one replica keeps busy computing alone: its compute threads and the processes that feed
-    /// them (the vLLM bench takes every core: one server alone already slows a second).
+    /// Cores one replica keeps busy computing alone: its compute threads (the vLLM bench gives its
+    /// servers' OpenMP threads, one by default).
     pub threads_per_replica: f64,
     /// How much worse than a fair share oversubscribed cores are (1, the default: exactly a fair share).
     #[serde(default = "fair_share")]
