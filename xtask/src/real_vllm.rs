@@ -56,11 +56,11 @@ fn kv_blocks() -> u32 {
 /// OpenMP threads of each server's worker (`FLEET_REAL_OMP_THREADS` changes it): one, so that three servers
 /// on two cores do not run six compute threads. With torch's default (a thread per core: vLLM's CPU worker
 /// skips its own `set_num_threads(1)` when not bound to cores, its log says so) the rows tipped: a stall of
-/// a second or more on every server at once, in 13 of 32 rows of ten runs (2026-12-07), and in none of 9
-/// rows of three runs with one thread, nor of 3 with the idle threads sleeping (`OMP_WAIT_POLICY=PASSIVE`).
-/// An OpenMP thread that finds its partner descheduled at a region's barrier spins for it; with more threads
-/// than cores that can take whole time slices from the other servers, whose steps then slow in turn. The
-/// price: a cold request alone takes 65-67 ms rather than 41-49 ms (min over its prefix's first requests).
+/// a second or more on every server at once, in 13 of 32 rows of ten runs (2026-12-07), and in none of 33
+/// rows of eight runs with one thread, nor of 3 with two whose idle waits sleep (`OMP_WAIT_POLICY=PASSIVE`).
+/// So, most likely, an OpenMP thread that finds its partner descheduled at a region's barrier spins for it,
+/// taking time slices from the other servers, whose steps then slow in turn. The price: a cold request
+/// alone takes 63-69 ms rather than 41-49 ms (min over the trace's first-of-prefix requests).
 fn omp_threads() -> u32 {
     crate::procs::env_positive("FLEET_REAL_OMP_THREADS", 1)
 }
@@ -667,9 +667,9 @@ fn probe(urls: &[String]) -> Result<Probe> {
 /// 2. The host's contention: the three replicas share this machine's cores (`shared_host`), each
 ///    computing on its OpenMP threads ([`omp_threads`]), with the exponent that gives the probe's bursts
 ///    their slowdown ([`Probe::exponent`]). With one thread a server, two servers computing at once fit
-///    two cores and three ask for 1.5 of them; the bursts took 1.0x / 1.2-1.3x / 1.8x as long on 1 / 2 / 3
-///    servers (2026-12-07), a little worse than a fair share (the engine core and API server processes
-///    want the cores too), so the exponent comes out near 1.45.
+///    two cores and three ask for 1.5 of them; the bursts took 1.0x / 1.2-1.3x / 1.8-2.0x as long on 1 / 2
+///    / 3 servers (four runs, 2026-12-07), a little worse than a fair share (the engine core and API
+///    server processes want the cores too): exponents of 1.45-1.76.
 /// 3. What the model leaves out, the profile's `extra_latency_us` sample (the API server's templating and
 ///    tokenizing, the HTTP hops): the probe's requests alone, each one's client time less what vLLM
 ///    counted for it. The round_robin row's own residuals (each request's client TTFT less the replay's)

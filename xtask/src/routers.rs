@@ -5,9 +5,10 @@
 //! fleet's prefix hit rate (the replicas' own /metrics deltas) and client-side TTFT p50/p95; then 4 routers
 //! against 1 per policy, against the goal (at most 2 points fewer hits, TTFT p95 at most 1.15x).
 //!
-//! What the routers share comes from the engines and from etcd, never from each other directly: every router
-//! scrapes each replica's /metrics (`--engine-metrics-ms`, on by default) for the queue, running requests
-//! and KV usage that the other routers' requests make, and every router subscribes to each replica's KV
+//! What the routers share comes from the engines and from etcd, never from each other directly: the routers
+//! read each replica's /metrics (`--engine-metrics-ms`, on by default) for the queue, running requests and
+//! KV usage that the other routers' requests make (one router a replica when they share their load through
+//! etcd, the figures passed on in its summary), and every router subscribes to each replica's KV
 //! events (the replicas' ZMQ PUB sockets fan out to any number of subscribers), so kv_precise routers all
 //! hold the same prefix ownership. As a fleet with several routers runs them, the routers take their policy
 //! from one etcd (Debian's etcd-server, started by the bench on loopback) and publish their in-flight load
