@@ -667,8 +667,8 @@ fn probe(urls: &[String]) -> Result<Probe> {
 /// 2. The host's contention: the three replicas share this machine's cores (`shared_host`), each
 ///    computing on its OpenMP threads ([`omp_threads`]), with the exponent that gives the probe's bursts
 ///    their slowdown ([`Probe::exponent`]). With one thread a server, two servers computing at once fit
-///    two cores and three ask for 1.5 of them; the bursts took 1.0x / 1.2-1.3x / 1.8-2.0x as long on 1 / 2
-///    / 3 servers (four runs, 2026-12-07), a little worse than a fair share (the engine core and API
+///    two cores and three ask for 1.5 of them; the bursts took 1.0x / 1.2-1.5x / 1.8-2.0x as long on 1 / 2
+///    / 3 servers (five runs, 2026-12-07), a little worse than a fair share (the engine core and API
 ///    server processes want the cores too): exponents of 1.45-1.76.
 /// 3. What the model leaves out, the profile's `extra_latency_us` sample (the API server's templating and
 ///    tokenizing, the HTTP hops): the probe's requests alone, each one's client time less what vLLM

@@ -128,7 +128,7 @@ impl CostProfile {
 /// that is processor sharing, as the kernel's scheduler gives busy threads equal shares. Above 1, busy
 /// replicas lose more than their share, as CPU vLLM servers do on one host (`cargo xtask bench real
 /// --engine vllm` measures it with the same burst on 1, 2 and 3 servers at once: with one compute thread
-/// a server, 1.0x / 1.2-1.3x / 1.8-2.0x on two cores, exponents of 1.45-1.76, their engine-core and
+/// a server, 1.0x / 1.2-1.5x / 1.8-2.0x on two cores, exponents of 1.45-1.76, their engine-core and
 /// API-server processes wanting the cores too; with torch's two threads a server, 2.3-4.4x and 4.7-7.5x,
 /// an excess that went with one thread, or with two whose idle waits sleep, so most likely OpenMP threads
 /// spinning at a barrier for a partner another server had descheduled). Requests' time in their API
