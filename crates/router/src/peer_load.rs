@@ -319,6 +319,13 @@ struct Peer {
     engine_reads: Option<usize>,
 }
 
+impl Peer {
+    /// Whether its last summary still counts at `now_ms` ([`PEER_MAX_AGE`]).
+    fn counts(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.at_ms) <= PEER_MAX_AGE.as_millis() as u64
+    }
+}
+
 /// The sharing's state, as `/admin/state` and `/metrics` show it.
 #[derive(Debug)]
 pub struct PeerLoadShare {
@@ -366,23 +373,20 @@ impl PeerLoadShare {
     /// The other routers that share their engine reads and whose summaries count at `now_ms`: with this
     /// one, the candidates to read each replica (`engine_load::reader_of`).
     pub fn engine_readers(&self, now_ms: u64) -> Vec<String> {
-        let max_age = PEER_MAX_AGE.as_millis() as u64;
         lock(&self.peers)
             .iter()
-            .filter(|(_, peer)| peer.engine_reads.is_some() && now_ms.saturating_sub(peer.at_ms) <= max_age)
+            .filter(|(_, peer)| peer.engine_reads.is_some() && peer.counts(now_ms))
             .map(|(name, _)| name.clone())
             .collect()
     }
 
     /// Other routers whose summaries count at `now_ms`.
     pub fn fresh_peers(&self, now_ms: u64) -> usize {
-        let max_age = PEER_MAX_AGE.as_millis() as u64;
-        lock(&self.peers).values().filter(|peer| now_ms.saturating_sub(peer.at_ms) <= max_age).count()
+        lock(&self.peers).values().filter(|peer| peer.counts(now_ms)).count()
     }
 
     /// The `peer_load` object of `/admin/state`.
     pub fn state_document(&self, now_ms: u64) -> serde_json::Value {
-        let max_age = PEER_MAX_AGE.as_millis() as u64;
         let peers: Vec<serde_json::Value> = lock(&self.peers)
             .iter()
             .map(|(name, peer)| {
@@ -390,7 +394,7 @@ impl PeerLoadShare {
                 serde_json::json!({
                     "name": name,
                     "age_ms": age_ms,
-                    "counted": age_ms <= max_age,
+                    "counted": peer.counts(now_ms),
                     "requests": peer.requests,
                     "replicas": peer.replicas,
                     "engine_reads": peer.engine_reads,
@@ -550,8 +554,9 @@ impl PeerLoadShare {
 pub async fn publish_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
     let key = share.config.key();
     let mut lease: Option<i64> = None;
-    // The last summary written: its load and prompts (encoded), the engine reads it carried, and when.
-    let mut last: Option<(Vec<u8>, BTreeMap<String, EngineFigures>, Instant)> = None;
+    // The last summary written: its load (without prompts or engine reads), the engine reads it carried,
+    // and when.
+    let mut last: Option<(LoadSummary, BTreeMap<String, EngineFigures>, Instant)> = None;
     let shares_reads = share.takes_engine_reads(&state);
     let max_age_ms = state.config.engine_metrics.max_age_ms().unwrap_or(0);
     let mut keep_alive_at = Instant::now();
@@ -575,26 +580,20 @@ pub async fn publish_loop(state: Arc<RouterState>, share: Arc<PeerLoadShare>) {
         if now < backoff_until {
             continue;
         }
-        let mut summary = LoadSummary::of(&share.config.name, &fleet);
-        // The load and the engine reads decide whether the summary changed (a read's age changes every
-        // tick, the read itself only when made); new prompts always go out.
-        let load = match serde_json::to_vec(&summary) {
-            Ok(load) => load,
-            Err(error) => {
-                tracing::error!(%error, "cannot encode the load summary");
-                continue;
-            }
-        };
+        let load = LoadSummary::of(&share.config.name, &fleet);
         let now_ms = state.now_ms();
         let reads = if shares_reads {
             LoadSummary::own_engine_reads(&fleet, now_ms, max_age_ms)
         } else {
             BTreeMap::new()
         };
+        // The load and the engine reads decide whether the summary changed (a read's age changes every
+        // tick, the read itself only when made); new prompts always go out.
         let unchanged = unsent.is_empty()
             && last.as_ref().is_some_and(|(previous, previous_reads, at)| {
                 *previous == load && *previous_reads == reads && now.duration_since(*at) < REPUBLISH_UNCHANGED
             });
+        let mut summary = load.clone();
         if shares_reads {
             summary.set_engine_reads(&reads, now_ms);
         }
