@@ -234,8 +234,9 @@ async fn start(
         .env("PYTHONPATH", sitecustomize_dir(&build)?)
         .env("VLLM_CPU_KVCACHE_SPACE", options.kv_cache_gib.to_string())
         .env("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        // One compute thread: two or three servers with torch's thread per core oversubscribe the cores,
-        // and their OpenMP barriers stall every server at once (`cargo xtask bench real --engine vllm`).
+        // One compute thread: two or three servers with torch's thread per core oversubscribe the cores;
+        // in `cargo xtask bench real --engine vllm` that stalled every server at once, most likely OpenMP
+        // threads spinning at barriers (one thread, or idle threads that sleep, ended it).
         .env("OMP_NUM_THREADS", "1")
         .env("HF_HUB_OFFLINE", "1")
         .env("VLLM_NO_USAGE_STATS", "1")
