@@ -391,8 +391,21 @@ async fn routers_split_the_replicas_metrics_reads_and_one_takes_over_when_anothe
                 })
         })
     };
-    let state = state_until(&b, "b to read its replicas and take a's reads of the others", |s| {
-        split_as_hashed("b", s)
+    // The routers start one after another, so b may split the reads with a before c's first summary
+    // reaches it, and hold a's figures before its own next tick leaves a replica to a: wait for all three.
+    let hears_of_c = |state: &Value| {
+        state["peer_load"]["peers"].as_array().is_some_and(|peers| peers.iter().any(|p| p["name"] == "c"))
+    };
+    let delegated_to_a = |state: &Value| {
+        state["replicas"].as_array().is_some_and(|replicas| {
+            replicas.iter().all(|replica| {
+                reader(replica["url"].as_str().unwrap_or_default()).as_deref() != Some("a")
+                    || replica["engine"]["scrapes_delegated"].as_u64() > Some(0)
+            })
+        })
+    };
+    let state = state_until(&b, "b to read its replicas, take a's reads of the others and hear of c", |s| {
+        split_as_hashed("b", s) && hears_of_c(s) && delegated_to_a(s)
     })
     .await?;
     let peers = state["peer_load"]["peers"].as_array().context("b's peers")?;
@@ -400,7 +413,7 @@ async fn routers_split_the_replicas_metrics_reads_and_one_takes_over_when_anothe
     assert!(c_entry["engine_reads"].is_null(), "c shares no reads: {state}");
     state_until(&a, "a to read its replicas and take b's reads of the others", |s| split_as_hashed("a", s))
         .await?;
-    // b left a's replicas to a on some ticks, and says so in its metrics.
+    // b left a's replicas to a on some ticks, and says so in its metrics too.
     let metrics = client().get(format!("{}/metrics", b.url)).send().await?.text().await?;
     crate::admin::promtool_check(&metrics).await?;
     let delegated: f64 = metrics
