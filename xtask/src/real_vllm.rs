@@ -676,7 +676,9 @@ fn probe(urls: &[String]) -> Result<Probe> {
 ///    are shown beside it, each with its predictions: they were the sample until a congested row's
 ///    residuals carried its queueing into every policy's prediction (0.5-1.4 s of p95 predicted for
 ///    cache_aware_approx where 50-57 ms were measured). At light load they fit round_robin's own row
-///    better, as a fit to it would.
+///    better, as a fit to it would. First of all, the app's own way is shown: no sample, and the
+///    recording's median TTFT less round_robin's replayed median added to every prediction
+///    (`fleet-sim replay --add-recorded-overhead`, the rule `Control::whatif` applies).
 ///
 /// The closed form over the round_robin row itself (which this replaced) charged a decode step with the
 /// prefill chunks other requests ran in it and with the other servers' use of the cores: under overload
@@ -728,28 +730,33 @@ fn fidelity(
         fs::write(&profile, text).map_err(|e| format!("cannot write {}: {e}", profile.display()))
     };
     let recorded = dir.join("round_robin.recorded.jsonl");
-    let replay = |policy: &str, seed: u64, requests_out: Option<&Path>| -> Result<String> {
-        let mut command = Command::new(bin.join("fleet-sim"));
-        command
-            .args(["replay", "--trace", &recorded.to_string_lossy(), "--replicas", &SERVERS.to_string()])
-            .args(["--profile", &profile.to_string_lossy(), "--policy", policy, "--json"])
-            // fleet-router reads the servers' metrics every 250 ms unless told otherwise, and these do.
-            .args(["--replica-metrics-ms", "250"])
-            .args(["--seed", &seed.to_string()]);
-        if let Some(out) = requests_out {
-            command.arg("--requests-out").arg(out);
-        }
-        let output = command.output().map_err(|e| format!("cannot run fleet-sim replay: {e}"))?;
-        if !output.status.success() {
-            return Err(format!("fleet-sim replay: {}", String::from_utf8_lossy(&output.stderr).trim()));
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    };
+    // `app_overhead`: add the recording's median time outside the model, as the app's what-if does.
+    let replay =
+        |policy: &str, seed: u64, requests_out: Option<&Path>, app_overhead: bool| -> Result<String> {
+            let mut command = Command::new(bin.join("fleet-sim"));
+            command
+                .args(["replay", "--trace", &recorded.to_string_lossy(), "--replicas", &SERVERS.to_string()])
+                .args(["--profile", &profile.to_string_lossy(), "--policy", policy, "--json"])
+                // fleet-router reads the servers' metrics every 250 ms unless told otherwise, and these do.
+                .args(["--replica-metrics-ms", "250"])
+                .args(["--seed", &seed.to_string()]);
+            if let Some(out) = requests_out {
+                command.arg("--requests-out").arg(out);
+            }
+            if app_overhead {
+                command.args(["--add-recorded-overhead", "round_robin"]);
+            }
+            let output = command.output().map_err(|e| format!("cannot run fleet-sim replay: {e}"))?;
+            if !output.status.success() {
+                return Err(format!("fleet-sim replay: {}", String::from_utf8_lossy(&output.stderr).trim()));
+            }
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        };
 
     // A check on 1 and 2: the replay's engine time over the round_robin row against vLLM's.
     let modelled = dir.join("round_robin.replayed.jsonl");
     write_profile(&[], "none (the engine model alone)")?;
-    replay("round_robin", 1, Some(&modelled))?;
+    replay("round_robin", 1, Some(&modelled), false)?;
     let sums = engine_sums(&modelled)?;
     let slowdowns: Vec<String> =
         probe.bursts.iter().map(|wall| format!("{:.1}x", wall / probe.bursts[0])).collect();
@@ -769,8 +776,20 @@ fn fidelity(
         sums.decode
     );
 
-    // 3. What the model leaves out, two ways, each with its predictions. The probe's sample comes last: the
-    // profile written with it is the one kept (the row's queueing does not colour it).
+    // 3. What the model leaves out, three ways, each with its predictions. First the app's: no sample, the
+    // recording's median time outside the model added to every TTFT (`fleet-sim replay
+    // --add-recorded-overhead`, the rule `Control::whatif` applies).
+    println!(
+        "\nwhat-if of round_robin's recording as the app predicts: the engine model, plus the recording's median \
+         time outside it"
+    );
+    println!(
+        "{:<22} {:>24} {:>36}  verdict (on the seeds' median)",
+        "policy", "hit rate pred / live", "TTFT p95 pred (8 seeds) / live"
+    );
+    print_predictions(&|policy, seed| replay(policy, seed, None, true), rows);
+    // Then as samples of per-request extra latency. The probe's comes last: the profile written with it is
+    // the one kept (the row's queueing does not colour it).
     let row_residuals = extra_latency_us(&recorded, &modelled)?;
     let samples = [
         ("round_robin's row less its replay, request by request", &row_residuals),
@@ -789,7 +808,7 @@ fn fidelity(
             "{:<22} {:>24} {:>36}  verdict (on the seeds' median)",
             "policy", "hit rate pred / live", "TTFT p95 pred (8 seeds) / live"
         );
-        print_predictions(&|policy, seed| replay(policy, seed, None), rows);
+        print_predictions(&|policy, seed| replay(policy, seed, None, false), rows);
     }
     println!("\nprofile (with the probe's sample): {}", profile.display());
     Ok(())

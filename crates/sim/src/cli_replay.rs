@@ -10,6 +10,7 @@ use fleet_policy::PolicySpec;
 use fleet_sim::engine::Profile;
 use fleet_sim::replay::{self, PreparedTrace, ReplayConfig, ReplayControl, ReplayReport};
 use fleet_sim::workload::{Arrivals, GenConfig};
+use fleet_trace::Trace;
 
 /// Settings shared by `replay` and `compare`.
 #[derive(Args, Debug, Clone)]
@@ -92,6 +93,12 @@ pub struct ReplayArgs {
     /// Lines, in arrival order: to set a replay beside a live recording request by request.
     #[arg(long, value_name = "FILE")]
     pub requests_out: Option<PathBuf>,
+    /// Add the time the recorded requests spent outside the engine model (the router, the HTTP hops, the
+    /// engine's tokenising), as the app's what-if does: the recorded median TTFT of the requests served
+    /// under POLICY (the policy the trace was recorded under) less this replay's median for them under
+    /// POLICY. Needs a trace recorded by fleet-router, with at least 20 first-token times under POLICY.
+    #[arg(long, value_name = "POLICY")]
+    pub add_recorded_overhead: Option<String>,
 }
 
 /// `fleet-sim compare`.
@@ -159,9 +166,8 @@ fn load_policy(name_or_path: &str) -> Result<PolicySpec> {
     text.parse::<PolicySpec>().with_context(|| format!("invalid policy file {}", path.display()))
 }
 
-fn prepare(fleet: &FleetArgs) -> Result<(PreparedTrace, ReplayConfig)> {
-    let trace = read_trace(&fleet.trace)?;
-    let prepared = replay::prepare(&trace, fleet.block_tokens, fleet.speedup)?;
+fn prepare(fleet: &FleetArgs, trace: &Trace) -> Result<(PreparedTrace, ReplayConfig)> {
+    let prepared = replay::prepare(trace, fleet.block_tokens, fleet.speedup)?;
     let profile = Profile::load(&fleet.profile)?;
     if fleet.capacity_blocks == Some(0) {
         bail!("--capacity-blocks must be at least 1");
@@ -198,13 +204,41 @@ fn print_json(value: &impl serde::Serialize) -> Result<()> {
 
 /// Runs `fleet-sim replay`.
 pub fn run_replay(args: ReplayArgs) -> Result<()> {
-    let (trace, mut config) = prepare(&args.fleet)?;
+    let recording = read_trace(&args.fleet.trace)?;
+    let (trace, mut config) = prepare(&args.fleet, &recording)?;
     config.policy = match (&args.policy, &args.policy_file) {
         (Some(name), _) => load_policy(name)?,
         (None, Some(path)) => load_policy(&path.to_string_lossy())?,
         (None, None) => bail!("give --policy NAME or --policy-file FILE"),
     };
-    let report = replay::replay(&trace, &config, ReplayControl::default())?;
+    let mut report = replay::replay(&trace, &config, ReplayControl::default())?;
+    if let Some(recorded_under) = &args.add_recorded_overhead {
+        let recorded_policy = PolicySpec::named(recorded_under);
+        recorded_policy.validate().with_context(|| format!("--add-recorded-overhead {recorded_under}"))?;
+        // The overhead is the recording's median less the replay's under the same policy: replay that
+        // policy too, unless it is the one just replayed.
+        let under_recorded = if recorded_policy == config.policy {
+            None
+        } else {
+            let config = ReplayConfig { policy: recorded_policy.clone(), ..config.clone() };
+            Some(replay::replay(&trace, &config, ReplayControl::default())?)
+        };
+        let Some(overhead) = replay::unmodelled_overhead_s(
+            &recording,
+            &recorded_policy.policy,
+            under_recorded.as_ref().unwrap_or(&report),
+        ) else {
+            bail!(
+                "--add-recorded-overhead {recorded_under}: {} has fewer than {} answered requests with a \
+                 first-token time recorded under {}; give the policy the trace was recorded under (a \
+                 fleet-router recording names it in each line's `policy`), or leave the flag out",
+                args.fleet.trace.display(),
+                replay::MIN_TIMED_REQUESTS,
+                recorded_policy.policy
+            );
+        };
+        report = report.with_ttft_overhead(overhead);
+    }
     if let Some(path) = &args.requests_out {
         write_requests(path, &report.per_request)?;
     }
@@ -230,7 +264,7 @@ fn write_requests(path: &Path, requests: &[replay::RequestReport]) -> Result<()>
 
 /// Runs `fleet-sim compare`.
 pub fn run_compare(args: CompareArgs) -> Result<()> {
-    let (trace, config) = prepare(&args.fleet)?;
+    let (trace, config) = prepare(&args.fleet, &read_trace(&args.fleet.trace)?)?;
     let names: Vec<String> = if args.policies.is_empty() {
         fleet_policy::POLICY_NAMES.iter().map(|s| (*s).to_owned()).collect()
     } else {

@@ -10,6 +10,7 @@
 //! Deterministic: the same trace, configuration and seed give the same report. Library callers (the app)
 //! get progress callbacks and cancellation through [`ReplayControl`].
 
+mod overhead;
 mod pd;
 pub mod pooled;
 pub mod prepare;
@@ -21,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use fleet_policy::{KvEvent, Medium, PolicySpec, ReplicaId, ReplicaMetrics, RequestView};
 use routers::Routers;
 
+pub use overhead::{MIN_TIMED_REQUESTS, unmodelled_overhead_s};
 pub use pd::{PdReplay, PdReport};
 pub use prepare::{PreparedRequest, PreparedTrace, prepare};
 pub use report::{ReplayReport, ReplicaReport, RequestReport, format_comparison, format_report};

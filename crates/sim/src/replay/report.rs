@@ -82,6 +82,10 @@ pub struct ReplayReport {
     /// A P/D replay's split decisions and legs (absent otherwise, and from the JSON then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pd: Option<super::PdReport>,
+    /// Time outside the engine model added to every TTFT above, measured from the recording
+    /// ([`super::unmodelled_overhead_s`], `fleet-sim replay --add-recorded-overhead`); absent when none was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_overhead_s: Option<f64>,
     /// Every request, in arrival order; not in the JSON (a long trace would bury the figures), written by
     /// `--requests-out`.
     #[serde(skip)]
@@ -167,6 +171,7 @@ pub(super) fn build(
         unqueued_ttft_p95_s: pooled.unqueued_ttft_p95_s,
         per_replica: per,
         pd: None,
+        ttft_overhead_s: None,
         per_request: outcomes
             .iter()
             .enumerate()
@@ -212,6 +217,12 @@ pub fn format_report(report: &ReplayReport) -> String {
         report.throughput_tok_s,
         report.imbalance,
     );
+    if let Some(overhead) = report.ttft_overhead_s {
+        text.push_str(&format!(
+            "(every TTFT includes {:.1} ms outside the engine model, measured from the recording)\n\n",
+            overhead * 1e3
+        ));
+    }
     if let Some(pd) = &report.pd {
         text.push_str(&format_pd(pd));
         text.push('\n');

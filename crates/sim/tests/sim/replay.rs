@@ -457,6 +457,78 @@ fn the_commands_generate_replay_and_compare_a_trace() {
 }
 
 #[test]
+fn replay_adds_the_recordings_time_outside_the_engine_when_asked_and_says_when_it_cannot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A recording as fleet-router writes one: 300 requests under round_robin, each with the first-token
+    // time its client saw, well above what any replay of this traffic takes.
+    let generated = generated(300);
+    let recording = dir.path().join("recorded.jsonl");
+    let mut text = Vec::new();
+    for record in &generated.records {
+        let recorded = TraceRecord {
+            policy: Some("round_robin".to_owned()),
+            ttft_ms: Some(2_000.0 + record.timestamp as f64 % 7.0),
+            status: Some(200),
+            ..record.clone()
+        };
+        fleet_trace::write_record(&mut text, &recorded).expect("written");
+    }
+    std::fs::write(&recording, text).expect("written");
+    let recording_arg = recording.to_str().expect("utf-8");
+    let replay_json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["replay", "--trace", recording_arg, "--replicas", "4", "--json"];
+        args.extend_from_slice(extra);
+        let out = fleet_sim(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let f = |v: &serde_json::Value| v.as_f64().expect("a number");
+
+    let plain = replay_json(&["--policy", "kv_precise"]);
+    assert!(plain.get("ttft_overhead_s").is_none(), "no overhead unless asked: {plain}");
+    let added = replay_json(&["--policy", "kv_precise", "--add-recorded-overhead", "round_robin"]);
+    // The overhead is the recording's median less round_robin's replayed median, the same whichever policy
+    // is predicted, and every TTFT of the prediction moves by it while its placement stays.
+    let under_recorded = replay_json(&["--policy", "round_robin"]);
+    let mut recorded: Vec<f64> =
+        generated.records.iter().map(|r| 2_000.0 + r.timestamp as f64 % 7.0).collect();
+    recorded.sort_by(f64::total_cmp);
+    let expected = recorded[149] / 1e3 - f(&under_recorded["ttft_p50_s"]);
+    let overhead = f(&added["ttft_overhead_s"]);
+    assert!(expected > 0.0 && (overhead - expected).abs() < 1e-9, "{overhead} against {expected}");
+    for key in ["ttft_p50_s", "ttft_p95_s", "ttft_p99_s"] {
+        assert!((f(&added[key]) - f(&plain[key]) - overhead).abs() < 1e-9, "{key}: {added} against {plain}");
+    }
+    assert_eq!(added["hit_rate"], plain["hit_rate"]);
+    let own = replay_json(&["--policy", "round_robin", "--add-recorded-overhead", "round_robin"]);
+    assert!((f(&own["ttft_overhead_s"]) - overhead).abs() < 1e-9, "{own}");
+
+    // A policy the trace was not recorded under, or a trace with no first-token times, cannot say.
+    let out = fleet_sim(&[
+        "replay",
+        "--trace",
+        recording_arg,
+        "--policy",
+        "kv_precise",
+        "--add-recorded-overhead",
+        "least_load",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("recorded under least_load"), "{stderr}");
+    let out = fleet_sim(&[
+        "replay",
+        "--trace",
+        recording_arg,
+        "--policy",
+        "kv_precise",
+        "--add-recorded-overhead",
+        "no_such_policy",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no_such_policy"), "{stderr}");
+}
+
+#[test]
 fn a_profiles_extra_latency_adds_one_draw_to_each_request_and_moves_no_placement() {
     let prepared = replay::prepare(&generated(300), None, 1.0).expect("prepared");
     let config = ReplayConfig::new(4, PolicySpec::named("cache_aware_approx"));
