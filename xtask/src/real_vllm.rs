@@ -676,9 +676,9 @@ fn probe(urls: &[String]) -> Result<Probe> {
 ///    are shown beside it, each with its predictions: they were the sample until a congested row's
 ///    residuals carried its queueing into every policy's prediction (0.5-1.4 s of p95 predicted for
 ///    cache_aware_approx where 50-57 ms were measured). At light load they fit round_robin's own row
-///    better, as a fit to it would. First of all, the app's own way is shown: no sample, and the
-///    recording's median TTFT less round_robin's replayed median added to every prediction
-///    (`fleet-sim replay --add-recorded-overhead`, the rule `Control::whatif` applies).
+///    better, as a fit to it would. First of all, the app's own way is shown: no sample, and the median
+///    of those residuals added to every prediction (`fleet-sim replay --add-recorded-overhead`, the rule
+///    `Control::whatif` applies).
 ///
 /// The closed form over the round_robin row itself (which this replaced) charged a decode step with the
 /// prefill chunks other requests ran in it and with the other servers' use of the cores: under overload
@@ -777,11 +777,11 @@ fn fidelity(
     );
 
     // 3. What the model leaves out, three ways, each with its predictions. First the app's: no sample, the
-    // recording's median time outside the model added to every TTFT (`fleet-sim replay
-    // --add-recorded-overhead`, the rule `Control::whatif` applies).
+    // median of round_robin's residuals added to every TTFT (`fleet-sim replay --add-recorded-overhead`, the
+    // rule `Control::whatif` applies).
     println!(
-        "\nwhat-if of round_robin's recording as the app predicts: the engine model, plus the recording's median \
-         time outside it"
+        "\nwhat-if of round_robin's recording as the app predicts: the engine model, plus the median of round_robin's \
+         row less its replay"
     );
     println!(
         "{:<22} {:>24} {:>36}  verdict (on the seeds' median)",

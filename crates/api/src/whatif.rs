@@ -129,9 +129,10 @@ pub struct WhatIfResult {
     /// What the fidelity bench measured for this kind of change (`None`: never measured).
     #[serde(default)]
     pub fidelity: Option<crate::WhatIfFidelity>,
-    /// Per-request time outside the engine model, measured from the recording (its median TTFT under the
-    /// active policy minus the replay's) and included in both sides' TTFTs; `None`: not measurable (a trace
-    /// file, too few recorded first tokens), nothing added.
+    /// Per-request time outside the engine model, measured from the recording (the median, over the
+    /// requests recorded under the active policy, of each one's TTFT less its replayed TTFT) and included
+    /// in both sides' TTFTs; `None`: not measurable (a trace file, too few recorded first tokens), nothing
+    /// added.
     #[serde(default)]
     pub ttft_overhead_ms: Option<f64>,
     /// The routers as the replay models them: how many, and how often they read the engines' load.

@@ -94,9 +94,10 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE")]
     pub requests_out: Option<PathBuf>,
     /// Add the time the recorded requests spent outside the engine model (the router, the HTTP hops, the
-    /// engine's tokenising), as the app's what-if does: the recorded median TTFT of the requests served
-    /// under POLICY (the policy the trace was recorded under) less this replay's median for them under
-    /// POLICY. Needs a trace recorded by fleet-router, with at least 20 first-token times under POLICY.
+    /// engine's tokenising), as the app's what-if does: the median, over the requests recorded under
+    /// POLICY (the policy the trace was recorded under), of each one's recorded TTFT less its TTFT in a
+    /// replay under POLICY. Needs a trace recorded by fleet-router, with at least 20 first-token times
+    /// under POLICY.
     #[arg(long, value_name = "POLICY")]
     pub add_recorded_overhead: Option<String>,
 }

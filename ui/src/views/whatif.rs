@@ -240,7 +240,7 @@ fn result_view(r: &WhatIfResult) -> impl IntoView + use<> {
         <p class="muted" data-testid="whatif-overhead">{r.ttft_overhead_ms.map_or_else(
             || "TTFT: the engine model's alone (the traffic carries no recorded first tokens to measure the rest from)".to_owned(),
             |ms| format!("TTFT includes {ms:.1} ms a request spends outside the engine (router, HTTP, tokenising), \
-                          measured from the recording: its median under {} minus the replay's", r.active.policy))}</p>
+                          measured from the recording: the median, over its requests under {}, of each one's TTFT less the replay's", r.active.policy))}</p>
         <p data-testid="whatif-coverage">{format!("Coverage: {}", r.coverage.summary)}</p>
         <p data-testid="whatif-router-model">{format!("Routers replayed: {}", r.router_model.summary)}</p>
         <p data-testid="whatif-profile-used">{format!(

@@ -487,13 +487,23 @@ fn replay_adds_the_recordings_time_outside_the_engine_when_asked_and_says_when_i
     let plain = replay_json(&["--policy", "kv_precise"]);
     assert!(plain.get("ttft_overhead_s").is_none(), "no overhead unless asked: {plain}");
     let added = replay_json(&["--policy", "kv_precise", "--add-recorded-overhead", "round_robin"]);
-    // The overhead is the recording's median less round_robin's replayed median, the same whichever policy
-    // is predicted, and every TTFT of the prediction moves by it while its placement stays.
-    let under_recorded = replay_json(&["--policy", "round_robin"]);
-    let mut recorded: Vec<f64> =
-        generated.records.iter().map(|r| 2_000.0 + r.timestamp as f64 % 7.0).collect();
-    recorded.sort_by(f64::total_cmp);
-    let expected = recorded[149] / 1e3 - f(&under_recorded["ttft_p50_s"]);
+    // The overhead is the median of each request's recorded TTFT less its TTFT replayed under round_robin,
+    // the same whichever policy is predicted, and every TTFT of the prediction moves by it while its
+    // placement stays.
+    let replayed_requests = dir.path().join("round_robin.requests.jsonl");
+    replay_json(&["--policy", "round_robin", "--requests-out", replayed_requests.to_str().expect("utf-8")]);
+    let mut residuals: Vec<f64> = std::fs::read_to_string(&replayed_requests)
+        .expect("written")
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("JSON line"))
+        .map(|line| {
+            let record = &generated.records[line["index"].as_u64().expect("index") as usize];
+            (2_000.0 + record.timestamp as f64 % 7.0) / 1e3 - f(&line["ttft_s"])
+        })
+        .collect();
+    assert_eq!(residuals.len(), 300);
+    residuals.sort_by(f64::total_cmp);
+    let expected = residuals[149];
     let overhead = f(&added["ttft_overhead_s"]);
     assert!(expected > 0.0 && (overhead - expected).abs() < 1e-9, "{overhead} against {expected}");
     for key in ["ttft_p50_s", "ttft_p95_s", "ttft_p99_s"] {
