@@ -216,8 +216,8 @@ pub fn run_replay(args: ReplayArgs) -> Result<()> {
     if let Some(recorded_under) = &args.add_recorded_overhead {
         let recorded_policy = PolicySpec::named(recorded_under);
         recorded_policy.validate().with_context(|| format!("--add-recorded-overhead {recorded_under}"))?;
-        // The overhead is the recording's median less the replay's under the same policy: replay that
-        // policy too, unless it is the one just replayed.
+        // The overhead compares each recorded request with its replay under the policy it was recorded
+        // under: replay that policy too, unless it is the one just replayed.
         let under_recorded = if recorded_policy == config.policy {
             None
         } else {
