@@ -513,29 +513,15 @@ fn replay_adds_the_recordings_time_outside_the_engine_when_asked_and_says_when_i
     let own = replay_json(&["--policy", "round_robin", "--add-recorded-overhead", "round_robin"]);
     assert!((f(&own["ttft_overhead_s"]) - overhead).abs() < 1e-9, "{own}");
 
-    // A policy the trace was not recorded under, or a trace with no first-token times, cannot say.
-    let out = fleet_sim(&[
-        "replay",
-        "--trace",
-        recording_arg,
-        "--policy",
-        "kv_precise",
-        "--add-recorded-overhead",
-        "least_load",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("recorded under least_load"), "{stderr}");
-    let out = fleet_sim(&[
-        "replay",
-        "--trace",
-        recording_arg,
-        "--policy",
-        "kv_precise",
-        "--add-recorded-overhead",
-        "no_such_policy",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("no_such_policy"), "{stderr}");
+    // A policy the trace was not recorded under cannot say; an unknown one is named.
+    for (recorded_under, named) in
+        [("least_load", "recorded under least_load"), ("no_such_policy", "no_such_policy")]
+    {
+        let args = ["replay", "--trace", recording_arg, "--policy", "kv_precise", "--add-recorded-overhead"];
+        let out = fleet_sim(&[&args[..], &[recorded_under]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(named), "{stderr}");
+    }
 }
 
 #[test]
