@@ -97,7 +97,9 @@ where
     let limit = state.config.max_body_bytes;
     let deadline = state.config.body_read_timeout;
     let mut response = match tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await {
-        Ok(Ok(body)) => forward(state, route, parts.headers, body.to_bytes(), request_id).await,
+        // `forward` stamps every answer it gives with the request id itself: looking the header up again here
+        // cost every request a header-map probe.
+        Ok(Ok(body)) => return forward(state, route, parts.headers, body.to_bytes(), request_id).await,
         Ok(Err(error)) if error.is::<LengthLimitError>() => {
             state.metrics.count_refusal(Refusal::BodyTooLarge);
             let message = format!(
@@ -120,11 +122,18 @@ where
             response
         }
     };
-    response.headers_mut().entry(REQUEST_ID_HEADER).or_insert_with(|| HeaderValue::from(request_id));
+    response.headers_mut().insert(REQUEST_ID_HEADER, HeaderValue::from(request_id));
     response
 }
 
-/// Proxies one OpenAI request.
+/// The router's own error answer to request `request_id`, stamped with its id as every answer is.
+fn refusal(request_id: u64, status: StatusCode, kind: &str, message: &str) -> Response {
+    let mut response = openai_error(status, kind, message);
+    response.headers_mut().insert(REQUEST_ID_HEADER, HeaderValue::from(request_id));
+    response
+}
+
+/// Proxies one OpenAI request; every answer it gives, its refusals included, carries `x-fleet-request-id`.
 pub async fn forward(
     state: Arc<RouterState>,
     route: Route,
@@ -137,7 +146,7 @@ pub async fn forward(
     let input = match routing_input(route, &body, session, policy.hashing, state.tokenizer.as_deref()) {
         Ok(input) => input,
         Err(error) => {
-            return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", &error.to_string());
+            return refusal(request_id, StatusCode::BAD_REQUEST, "invalid_request_error", &error.to_string());
         }
     };
     drop(policy);
@@ -145,13 +154,13 @@ pub async fn forward(
     let group = match fleet.group_for(input.model.as_deref()) {
         Ok(group) => group.clone(),
         Err(error @ crate::state::GroupError::UnknownModel { .. }) => {
-            return openai_error(StatusCode::NOT_FOUND, "model_not_found", &error.to_string());
+            return refusal(request_id, StatusCode::NOT_FOUND, "model_not_found", &error.to_string());
         }
         Err(error @ crate::state::GroupError::ModelRequired { .. }) => {
-            return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", &error.to_string());
+            return refusal(request_id, StatusCode::BAD_REQUEST, "invalid_request_error", &error.to_string());
         }
         Err(error) => {
-            return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
+            return refusal(request_id, StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
         }
     };
     // The model as the logs keep it: the group's own name, or (for replicas of unknown model) the client's
@@ -182,13 +191,18 @@ pub async fn forward(
                  to serve its requests",
                 group.model
             );
-            return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &message);
+            return refusal(request_id, StatusCode::SERVICE_UNAVAILABLE, "router_error", &message);
         }
         Err(error @ (PickError::NoHealthyReplica { .. } | PickError::NoReplicas)) => {
-            return openai_error(StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
+            return refusal(request_id, StatusCode::SERVICE_UNAVAILABLE, "router_error", &error.to_string());
         }
         Err(error) => {
-            return openai_error(StatusCode::INTERNAL_SERVER_ERROR, "router_error", &error.to_string());
+            return refusal(
+                request_id,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "router_error",
+                &error.to_string(),
+            );
         }
     };
     let matched = decision.chosen().and_then(|chosen| chosen.matched_blocks).unwrap_or(0);
@@ -392,9 +406,7 @@ pub async fn forward(
         None,
         current,
     );
-    let mut response = openai_error(StatusCode::BAD_GATEWAY, "upstream_error", &message);
-    response.headers_mut().insert(REQUEST_ID_HEADER, HeaderValue::from(request_id));
-    response
+    refusal(request_id, StatusCode::BAD_GATEWAY, "upstream_error", &message)
 }
 
 /// Every replica of the group is marked unhealthy: rather than fail everything (health checks can be wrong,
