@@ -96,20 +96,19 @@ where
     let (parts, body) = request.into_parts();
     let limit = state.config.max_body_bytes;
     let deadline = state.config.body_read_timeout;
-    let mut response = match tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await {
-        // `forward` stamps every answer it gives with the request id itself: looking the header up again here
-        // cost every request a header-map probe.
-        Ok(Ok(body)) => return forward(state, route, parts.headers, body.to_bytes(), request_id).await,
+    // Each arm's answer carries the request id: `forward` stamps its own, the rest are `refusal`s.
+    match tokio::time::timeout(deadline, Limited::new(body, limit).collect()).await {
+        Ok(Ok(body)) => forward(state, route, parts.headers, body.to_bytes(), request_id).await,
         Ok(Err(error)) if error.is::<LengthLimitError>() => {
             state.metrics.count_refusal(Refusal::BodyTooLarge);
             let message = format!(
                 "the request body is larger than {limit} bytes, the router's limit (--max-body-bytes)"
             );
-            openai_error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", &message)
+            refusal(request_id, StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", &message)
         }
         Ok(Err(error)) => {
             let message = format!("cannot read the request body: {error}");
-            openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", &message)
+            refusal(request_id, StatusCode::BAD_REQUEST, "invalid_request_error", &message)
         }
         Err(_) => {
             // A client trickling its body would hold the connection and this task for ever.
@@ -117,13 +116,12 @@ where
             let message = format!(
                 "the request body did not arrive within {deadline:?} (--body-read-timeout-s); send it whole"
             );
-            let mut response = openai_error(StatusCode::REQUEST_TIMEOUT, "invalid_request_error", &message);
+            let mut response =
+                refusal(request_id, StatusCode::REQUEST_TIMEOUT, "invalid_request_error", &message);
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
             response
         }
-    };
-    response.headers_mut().insert(REQUEST_ID_HEADER, HeaderValue::from(request_id));
-    response
+    }
 }
 
 /// The router's own error answer to request `request_id`, stamped with its id as every answer is.
