@@ -640,7 +640,13 @@ impl Drop for Ticket {
 
 /// Reads token counts out of response bytes as they pass (usage fields, else SSE data events), and notices
 /// the first generated content and error events.
-#[derive(Debug, Default)]
+///
+/// A chunk is whatever one read of the replica's socket held, so a key or its number can be cut in two: a
+/// router that fell behind a stream reads several events at once, up to its buffer, and the cut lands
+/// anywhere. The stream's last bytes are kept ([`CARRY`]) and a match cut by a boundary is read when the
+/// chunk that ends it arrives (a test of `cargo xtask test` on real vLLM lost `cached_tokens` that way
+/// while the machine was busy).
+#[derive(Debug)]
 struct UsageSniffer {
     completion_tokens: Option<u32>,
     prompt_tokens: Option<u32>,
@@ -649,11 +655,107 @@ struct UsageSniffer {
     /// An SSE error event passed (`data: {"error": ...}` or `"object":"error"`, as vLLM and SGLang send when
     /// a generation fails after the stream began).
     error_event: bool,
+    /// The stream's last `tail_len` bytes, for the matches the next chunk's boundary cuts.
+    tail: [u8; CARRY],
+    tail_len: usize,
 }
+
+impl Default for UsageSniffer {
+    fn default() -> Self {
+        Self {
+            completion_tokens: None,
+            prompt_tokens: None,
+            cached_tokens: None,
+            token_chunks: 0,
+            error_event: false,
+            tail: [0; CARRY],
+            tail_len: 0,
+        }
+    }
+}
+
+/// Bytes of the stream's end kept for the next chunk: more than the longest match with its context (a
+/// key, blanks, a ten-digit number and the byte that ends it: about 35; `data: {"error"`: 14).
+const CARRY: usize = 64;
 
 /// What the sniffer reads after a chunk's `"` (each key it looks for starts with one): the byte after the
 /// quote of every key, so most quotes (other keys, string values) cost one compare.
 const KEY_FIRST_BYTES: &[u8] = b"cprtfeo";
+
+/// What one chunk said: the first value of each usage key (`Some(None)`: the key with no number, as
+/// `null`), its open SSE chunks, whether it carried generated content or an error event.
+#[derive(Default)]
+struct ChunkReading {
+    completion: Option<Option<u32>>,
+    prompt: Option<Option<u32>>,
+    cached: Option<Option<u32>>,
+    open: u32,
+    generated: bool,
+    error_event: bool,
+}
+
+impl ChunkReading {
+    /// Reads the matches of `buf` that `counts(start, end)` admits, where `start..end` are a match's bytes
+    /// with what it needs around it: the `data: {` before an error key, the value's first byte after an
+    /// output key, the byte after a number (which shows the number ended). A match whose bytes `buf` does
+    /// not hold whole is left for a later read.
+    fn read(&mut self, buf: &[u8], counts: impl Fn(usize, usize) -> bool) {
+        for at in memchr::memchr_iter(b'"', buf) {
+            let key = &buf[at + 1..];
+            if !key.first().is_some_and(|b| KEY_FIRST_BYTES.contains(b)) {
+                continue;
+            }
+            let number_keys: [(&[u8], &mut Option<Option<u32>>); 3] = [
+                (b"completion_tokens\":", &mut self.completion),
+                (b"prompt_tokens\":", &mut self.prompt),
+                (b"cached_tokens\":", &mut self.cached),
+            ];
+            if let Some((name, slot)) = number_keys.into_iter().find(|(name, _)| key.starts_with(name)) {
+                if let Some((value, used)) = number_and_end(&key[name.len()..])
+                    && counts(at, at + 1 + name.len() + used)
+                {
+                    slot.get_or_insert(value);
+                }
+                continue;
+            }
+            const OPEN: &[u8] = b"finish_reason\":null";
+            const ERROR_OBJECT: &[u8] = b"object\":\"error\"";
+            if key.starts_with(OPEN) {
+                // Each streamed token chunk is still open; the closing chunk is not.
+                if counts(at, at + 1 + OPEN.len()) {
+                    self.open = self.open.saturating_add(1);
+                }
+            } else if key.starts_with(ERROR_OBJECT) {
+                // An SSE error event, as vLLM and SGLang send when a generation fails after the stream began.
+                self.error_event |= counts(at, at + 1 + ERROR_OBJECT.len());
+            } else if key.starts_with(b"error\"") {
+                let before = &buf[..at];
+                let opener = [&b"data: {"[..], b"data:{"].into_iter().find(|opener| before.ends_with(opener));
+                if let Some(opener) = opener {
+                    self.error_event |= counts(at - opener.len(), at + 7);
+                }
+            } else if let Some(name) = [&b"content\":\""[..], b"text\":\"", b"reasoning_content\":\""]
+                .into_iter()
+                .find(|name| key.starts_with(name))
+                && let Some(&value_first) = key.get(name.len())
+            {
+                // A key followed by a non-empty string: `"content":""` is a role-only or closing chunk.
+                self.generated |= value_first != b'"' && counts(at, at + 1 + name.len() + 1);
+            }
+        }
+    }
+}
+
+/// The number at the start of `text` (blanks allowed before it) and how many bytes it took with the byte
+/// after it; `Some((None, _))` when something else stands there (`null`); `None` when `text` ends first
+/// (the number may go on in the next chunk).
+fn number_and_end(text: &[u8]) -> Option<(Option<u32>, usize)> {
+    let blanks = text.len() - text.trim_ascii_start().len();
+    let digits = text[blanks..].iter().position(|b| !b.is_ascii_digit())?;
+    let value =
+        std::str::from_utf8(&text[blanks..blanks + digits]).ok().and_then(|number| number.parse().ok());
+    Some((value, blanks + digits + 1))
+}
 
 impl UsageSniffer {
     /// Reads one chunk; true when it carries generated content (a token).
@@ -661,49 +763,51 @@ impl UsageSniffer {
     /// One pass over the chunk's quotes, not a search per key: for the short answers of the fast path
     /// (a refusal, a one-token completion) ten searches cost 1,160 instructions per request (callgrind),
     /// more than the answer's bytes. The first match of each usage key counts, as vLLM and SGLang write
-    /// each key once per chunk; a test holds this to one search per key.
+    /// each key once per chunk; a test holds this to one search per key. Matches cut by the chunk's start
+    /// are read first, from the kept tail joined to the chunk's head.
     fn scan(&mut self, chunk: &[u8]) -> bool {
-        let (mut completion, mut prompt, mut cached) = (None, None, None);
-        let (mut open, mut generated) = (0u32, false);
-        for at in memchr::memchr_iter(b'"', chunk) {
-            let key = &chunk[at + 1..];
-            if !key.first().is_some_and(|b| KEY_FIRST_BYTES.contains(b)) {
-                continue;
-            }
-            if let Some(after) = key.strip_prefix(b"completion_tokens\":") {
-                completion.get_or_insert_with(|| leading_number(after));
-            } else if let Some(after) = key.strip_prefix(b"prompt_tokens\":") {
-                prompt.get_or_insert_with(|| leading_number(after));
-            } else if let Some(after) = key.strip_prefix(b"cached_tokens\":") {
-                cached.get_or_insert_with(|| leading_number(after));
-            } else if key.starts_with(b"finish_reason\":null") {
-                // Each streamed token chunk is still open; the closing chunk is not.
-                open = open.saturating_add(1);
-            } else if key.starts_with(b"object\":\"error\"")
-                || (key.starts_with(b"error\"")
-                    && (chunk[..at].ends_with(b"data: {") || chunk[..at].ends_with(b"data:{")))
-            {
-                // An SSE error event, as vLLM and SGLang send when a generation fails after the stream began.
-                self.error_event = true;
-            } else if let Some(after) = [&b"content\":\""[..], b"text\":\"", b"reasoning_content\":\""]
-                .iter()
-                .find_map(|key_of_output| key.strip_prefix(*key_of_output))
-            {
-                // A key followed by a non-empty string: `"content":""` is a role-only or closing chunk.
-                generated |= after.first().is_some_and(|&b| b != b'"');
-            }
+        let mut reading = ChunkReading::default();
+        // A stream cut after an SSE event's blank line cuts no match (each lies inside one event's data),
+        // the usual case: reading the joined bytes anyway cost a streamed one-token answer about 2.5k
+        // instructions (callgrind).
+        let cut_between_events = self.tail[..self.tail_len].ends_with(b"\n\n");
+        if self.tail_len > 0 && !cut_between_events {
+            // The tail and the chunk's head; a match counts here only if it starts before the boundary and
+            // ends after it (the ones on either side were or will be read whole).
+            let boundary = self.tail_len;
+            let head = chunk.len().min(CARRY);
+            let mut joined = [0u8; 2 * CARRY];
+            joined[..boundary].copy_from_slice(&self.tail[..boundary]);
+            joined[boundary..boundary + head].copy_from_slice(&chunk[..head]);
+            reading.read(&joined[..boundary + head], |start, end| start < boundary && end > boundary);
         }
-        if let Some(Some(value)) = completion {
+        reading.read(chunk, |_, _| true);
+        self.keep_tail(chunk);
+        if let Some(Some(value)) = reading.completion {
             self.completion_tokens = Some(value);
         }
-        if let Some(Some(value)) = prompt {
+        if let Some(Some(value)) = reading.prompt {
             self.prompt_tokens = Some(value);
         }
-        if let Some(Some(value)) = cached {
+        if let Some(Some(value)) = reading.cached {
             self.cached_tokens = Some(value);
         }
-        self.token_chunks = self.token_chunks.saturating_add(open);
-        generated
+        self.token_chunks = self.token_chunks.saturating_add(reading.open);
+        self.error_event |= reading.error_event;
+        reading.generated
+    }
+
+    /// Keeps the stream's last [`CARRY`] bytes: the tail so far, then `chunk`.
+    fn keep_tail(&mut self, chunk: &[u8]) {
+        if chunk.len() >= CARRY {
+            self.tail.copy_from_slice(&chunk[chunk.len() - CARRY..]);
+            self.tail_len = CARRY;
+            return;
+        }
+        let kept = self.tail_len.min(CARRY - chunk.len());
+        self.tail.copy_within(self.tail_len - kept..self.tail_len, 0);
+        self.tail[kept..kept + chunk.len()].copy_from_slice(chunk);
+        self.tail_len = kept + chunk.len();
     }
 
     fn output_tokens(&self) -> u32 {
@@ -717,13 +821,6 @@ fn is_error_event(chunk: &[u8]) -> bool {
     let mut sniffer = UsageSniffer::default();
     sniffer.scan(chunk);
     sniffer.error_event
-}
-
-/// The number at the start of `text` (blanks allowed before it), if there is one.
-fn leading_number(text: &[u8]) -> Option<u32> {
-    let digits = text.trim_ascii_start();
-    let end = digits.iter().position(|b| !b.is_ascii_digit()).unwrap_or(digits.len());
-    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
 }
 
 /// The client-facing body: the first chunk, then the replica's stream; finishes the request on drop.
@@ -961,6 +1058,13 @@ mod tests {
         }
     }
 
+    /// The number at the start of `text` (blanks allowed before it), if there is one.
+    fn leading_number(text: &[u8]) -> Option<u32> {
+        let digits = text.trim_ascii_start();
+        let end = digits.iter().position(|b| !b.is_ascii_digit()).unwrap_or(digits.len());
+        std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
+    }
+
     /// The sniffer as it was, one search per key: the one-pass scan must read every chunk as it does.
     fn reference_scan(sniffer: &mut UsageSniffer, chunk: &[u8]) -> bool {
         use memchr::memmem::{find, find_iter};
@@ -1007,8 +1111,11 @@ mod tests {
                 1..4,
             ),
         ) {
-            let (mut fast, mut reference) = (UsageSniffer::default(), UsageSniffer::default());
             for chunk in &chunks {
+                // Each chunk whole and alone, ended by a byte that ends a number: what a chunk cut in a
+                // match leaves for the next is the framing test's below.
+                let chunk = format!("{chunk},");
+                let (mut fast, mut reference) = (UsageSniffer::default(), UsageSniffer::default());
                 prop_assert_eq!(fast.scan(chunk.as_bytes()), reference_scan(&mut reference, chunk.as_bytes()), "{}", chunk);
                 prop_assert_eq!(
                     (fast.completion_tokens, fast.prompt_tokens, fast.cached_tokens, fast.token_chunks, fast.error_event),
@@ -1016,6 +1123,62 @@ mod tests {
                     "{}", chunk
                 );
             }
+        }
+
+        #[test]
+        fn how_a_stream_is_cut_into_chunks_changes_nothing_the_sniffer_reads(
+            tokens in proptest::collection::vec("[a-z ]{1,5}", 1..6),
+            (prompt, completion, cached) in (0..2_000_000_000u32, 0..100_000u32, 0..2_000_000_000u32),
+            failed in any::<bool>(),
+            cuts in proptest::collection::vec(0..2_000usize, 0..40),
+        ) {
+            // A vLLM stream with usage: its token events, the closing event with the usage block, an error
+            // event when the generation failed, the end.
+            let mut stream = String::new();
+            for token in &tokens {
+                stream += &format!("data: {{\"id\":\"cmpl-1\",\"choices\":[{{\"index\":0,\"text\":\"{token}\",\"finish_reason\":null}}],\"usage\":null}}\n\n");
+            }
+            stream += &format!("data: {{\"id\":\"cmpl-1\",\"choices\":[{{\"index\":0,\"text\":\"\",\"finish_reason\":\"length\"}}],\"usage\":{{\"prompt_tokens\":{prompt},\"total_tokens\":1,\"completion_tokens\":{completion},\"prompt_tokens_details\":{{\"cached_tokens\":{cached}}}}}}}\n\n");
+            if failed {
+                stream += "data: {\"error\": {\"message\": \"engine died\", \"code\": 503}}\n\n";
+            }
+            stream += "data: [DONE]\n\n";
+            let bytes = stream.as_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().filter(|&cut| cut < bytes.len()).collect();
+            cuts.extend([0, bytes.len()]);
+            cuts.sort_unstable();
+            cuts.dedup();
+            let first_token_byte = stream.find("\"text\":\"").unwrap() + 8;
+            let mut sniffer = UsageSniffer::default();
+            let mut first_token_chunk = None;
+            for (index, piece) in cuts.windows(2).enumerate() {
+                if sniffer.scan(&bytes[piece[0]..piece[1]]) && first_token_chunk.is_none() {
+                    first_token_chunk = Some(index);
+                }
+            }
+            prop_assert_eq!(
+                (sniffer.prompt_tokens, sniffer.completion_tokens, sniffer.cached_tokens),
+                (Some(prompt), Some(completion), Some(cached))
+            );
+            prop_assert_eq!((sniffer.token_chunks, sniffer.error_event), (tokens.len() as u32, failed));
+            let expected_chunk = cuts.windows(2).position(|piece| (piece[0]..piece[1]).contains(&first_token_byte));
+            prop_assert_eq!(first_token_chunk, expected_chunk, "the first token is seen in the chunk that holds it");
+        }
+    }
+
+    #[test]
+    fn a_usage_block_cut_anywhere_is_read_whole() {
+        let event = br#"data: {"choices":[],"usage":{"prompt_tokens":1480,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":1408}}}"#;
+        for cut in 0..=event.len() {
+            let mut sniffer = UsageSniffer::default();
+            sniffer.scan(&event[..cut]);
+            sniffer.scan(&event[cut..]);
+            assert_eq!(
+                (sniffer.prompt_tokens, sniffer.completion_tokens, sniffer.cached_tokens),
+                (Some(1480), Some(8), Some(1408)),
+                "cut after {:?}",
+                String::from_utf8_lossy(&event[..cut])
+            );
         }
     }
 }

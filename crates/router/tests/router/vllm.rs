@@ -152,7 +152,8 @@ async fn check(router: &TestRouter, phase: &str, before: (u64, u64), sent: u64, 
     let (predicted, within) = eventually(&what, Duration::from_secs(10), || async {
         let now = accuracy(router).await?;
         let delta = (now.0 - before.0, now.1 - before.1);
-        Ok((delta.0 + retried >= sent).then_some(delta))
+        anyhow::ensure!(delta.0 + retried >= sent, "{} predictions counted, {retried} retried", delta.0);
+        Ok(Some(delta))
     })
     .await?;
     println!("index accuracy, {phase}: {within}/{predicted} within one block ({sent} requests)");
