@@ -644,8 +644,8 @@ impl Drop for Ticket {
 /// A chunk is whatever one read of the replica's socket held, so a key or its number can be cut in two: a
 /// router that fell behind a stream reads several events at once, up to its buffer, and the cut lands
 /// anywhere. The stream's last bytes are kept ([`CARRY`]) and a match cut by a boundary is read when the
-/// chunk that ends it arrives (a test of `cargo xtask test` on real vLLM lost `cached_tokens` that way
-/// while the machine was busy).
+/// chunk that ends it arrives. (Read alone, each chunk lost such a match: most likely why a real-vLLM test
+/// of `cargo xtask test` once counted fewer predictions than requests on a busy machine.)
 #[derive(Debug)]
 struct UsageSniffer {
     completion_tokens: Option<u32>,
@@ -720,6 +720,7 @@ impl ChunkReading {
             }
             const OPEN: &[u8] = b"finish_reason\":null";
             const ERROR_OBJECT: &[u8] = b"object\":\"error\"";
+            const ERROR_KEY: &[u8] = b"error\"";
             if key.starts_with(OPEN) {
                 // Each streamed token chunk is still open; the closing chunk is not.
                 if counts(at, at + 1 + OPEN.len()) {
@@ -728,11 +729,11 @@ impl ChunkReading {
             } else if key.starts_with(ERROR_OBJECT) {
                 // An SSE error event, as vLLM and SGLang send when a generation fails after the stream began.
                 self.error_event |= counts(at, at + 1 + ERROR_OBJECT.len());
-            } else if key.starts_with(b"error\"") {
+            } else if key.starts_with(ERROR_KEY) {
                 let before = &buf[..at];
                 let opener = [&b"data: {"[..], b"data:{"].into_iter().find(|opener| before.ends_with(opener));
                 if let Some(opener) = opener {
-                    self.error_event |= counts(at - opener.len(), at + 7);
+                    self.error_event |= counts(at - opener.len(), at + 1 + ERROR_KEY.len());
                 }
             } else if let Some(name) = [&b"content\":\""[..], b"text\":\"", b"reasoning_content\":\""]
                 .into_iter()
