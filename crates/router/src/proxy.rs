@@ -819,9 +819,10 @@ impl UsageSniffer {
 
 /// Whether `chunk` carries an SSE error event (what [`UsageSniffer`] flags).
 fn is_error_event(chunk: &[u8]) -> bool {
-    let mut sniffer = UsageSniffer::default();
-    sniffer.scan(chunk);
-    sniffer.error_event
+    // One chunk alone: no stream before it, so no tail to keep or join.
+    let mut reading = ChunkReading::default();
+    reading.read(chunk, |_, _| true);
+    reading.error_event
 }
 
 /// The client-facing body: the first chunk, then the replica's stream; finishes the request on drop.
